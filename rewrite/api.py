@@ -1,0 +1,70 @@
+"""The embedding API: load rules, apply them to a program."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from rewrite import backends, resources
+from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Statistics
+from rewrite.language import ast
+from rewrite.language.errors import Diagnostic
+from rewrite.language.loader import load_rule_files
+from rewrite.predicates import registered_predicates
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Checked rules, ready to apply. Build one with `load_rules`."""
+
+    rules: tuple[ast.Rule, ...]
+    warnings: tuple[Diagnostic, ...] = ()
+    files: tuple[str, ...] = ()
+
+    def for_dialect(self, dialect: str) -> tuple[ast.Rule, ...]:
+        return tuple(rule for rule in self.rules if rule.dialect == dialect)
+
+    def only(self, *names: str) -> RuleSet:
+        """The subset of rules with these names (raises KeyError for an unknown one)."""
+        known = {rule.name for rule in self.rules}
+        for name in names:
+            if name not in known:
+                raise KeyError(f"no rule named '{name}'")
+        return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files)
+
+    def apply(self, program: Any, *, max_sweeps: int = DEFAULT_MAX_SWEEPS) -> Statistics:
+        """Rewrite `program` in place with the rules of its dialect; return statistics.
+
+        `program` is a coremltools MIL `Program`. Raises `RewriteLimitError`
+        if rules are still firing after `max_sweeps` sweeps.
+        """
+        adapter = backends.adapter_for(program)
+        return self.apply_with(adapter, max_sweeps=max_sweeps)
+
+    def apply_with(self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS) -> Statistics:
+        """Like `apply`, over an adapter you built (for a backend of your own)."""
+        rules = self.for_dialect(adapter.dialect)
+        driver = Driver(rules, adapter, registered_predicates(), max_sweeps=max_sweeps)
+        return driver.run()
+
+
+def load_rules(*paths: str | Path) -> RuleSet:
+    """Load `.rules` files or folders of them (all `.rules` files below a folder).
+
+    With no path, loads the shipped rule library. Raises `RuleError` listing
+    every error, each with `file:line:col`.
+    """
+    if not paths:
+        paths = (resources.rules_path(),)
+    predicates = {name: p.signature for name, p in registered_predicates().items()}
+    loaded = load_rule_files(paths, backends.schema_for, predicates)
+    return RuleSet(loaded.rules, loaded.warnings, loaded.files)
+
+
+def shipped_rules_path() -> Path:
+    """The folder of the rule library that ships with this package."""
+    return resources.rules_path()
+
+
+__all__: Sequence[str] = ["RuleSet", "load_rules", "shipped_rules_path"]

@@ -1,0 +1,389 @@
+"""The Core ML MIL backend: coremltools `Program`s and `.mlpackage` files.
+
+`MilAdapter` maps the engine's view onto pymil: ops are `Operation`s, values
+are `Var`s, blocks are `Block`s (a `Function` is the outermost block).
+Rewrites go through coremltools' own block API, so the result is a normal
+pymil program that validates and serialises as any other.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.engine.logic import UNKNOWN, Symbol
+
+
+def _import_coremltools():
+    # coremltools logs "Failed to load _MLModelProxy" and friends at import on
+    # Linux; they say nothing useful to a user of this tool.
+    logger = logging.getLogger("coremltools")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import coremltools
+    finally:
+        logger.setLevel(level)
+    return coremltools
+
+
+ct = _import_coremltools()
+
+from coremltools.converters.mil import Builder as mb  # noqa: E402
+from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var, types  # noqa: E402
+from coremltools.converters.mil.mil.input_type import TupleInputType  # noqa: E402
+from coremltools.converters.mil.mil.ops.registry import SSAOpRegistry  # noqa: E402
+from coremltools.converters.mil.mil.types.symbolic import is_symbolic  # noqa: E402
+
+DIALECT = "mil"
+
+# Ops whose effect is not (only) their outputs; never removed as dead.
+_SIDE_EFFECT_OPS = frozenset({"coreml_update_state", "write_state"})
+
+
+class MilError(Exception):
+    """A MIL program or model file could not be read or written."""
+
+
+# ---------------------------------------------------------------- op schema
+
+
+class MilSchema:
+    """coremltools' op registry, at the newest opset each op has."""
+
+    dialect = DIALECT
+
+    @functools.cached_property
+    def _registry(self) -> dict[str, Any]:
+        ops = {}
+        for name, by_target in SSAOpRegistry.core_ops.items():
+            if not name.startswith("_") and by_target:
+                ops[name] = by_target[max(by_target)]
+        for name, op_class in SSAOpRegistry.dialect_ops.items():
+            ops.setdefault(name, op_class)
+        return ops
+
+    @functools.lru_cache(maxsize=None)
+    def signature(self, op_type: str) -> OpSignature | None:
+        op_class = self._registry.get(op_type)
+        if op_class is None:
+            return None
+        inputs = []
+        for name, input_type in op_class.input_spec.input_types.items():
+            if name.startswith("_"):
+                continue  # python-side plumbing (cond's _true_fn), not an operand
+            inputs.append(
+                InputSpec(name, bool(input_type.optional), isinstance(input_type, TupleInputType))
+            )
+        return OpSignature(op_type, tuple(inputs))
+
+    def op_types(self) -> Sequence[str]:
+        return sorted(self._registry)
+
+
+SCHEMA = MilSchema()
+
+
+# ---------------------------------------------------------------- adapter
+
+
+def _dim(dim) -> Any:
+    if isinstance(dim, (int, np.integer)):
+        return UNKNOWN if dim < 0 else int(dim)
+    if is_symbolic(dim):
+        return Symbol(str(dim))
+    return UNKNOWN
+
+
+class MilAdapter:
+    """The engine's view of a pymil `Program`, rewritten in place."""
+
+    dialect = DIALECT
+
+    def __init__(self, program: Program):
+        self.program = program
+        self._names: set[str] | None = None
+        self._input_blocks: dict[int, Block] = {}
+        for function in program.functions.values():
+            self._index_inputs(function)
+
+    def _index_inputs(self, block: Block) -> None:
+        inputs = block.inputs.values() if isinstance(block, Function) else block.inputs
+        for var in inputs:
+            self._input_blocks[id(var)] = block
+        for op in block.operations:
+            for nested in op.blocks:
+                self._index_inputs(nested)
+
+    # ---- structure
+
+    def top_blocks(self) -> Sequence[Block]:
+        return list(self.program.functions.values())
+
+    def operations(self, block: Block) -> Sequence[Operation]:
+        return list(block.operations)
+
+    def nested_blocks(self, op: Operation) -> Sequence[Block]:
+        return op.blocks
+
+    def is_live(self, op: Operation) -> bool:
+        return op.enclosing_block is not None
+
+    def op_type(self, op: Operation) -> str:
+        return op.op_type
+
+    def op_name(self, op: Operation) -> str:
+        return op.name
+
+    def block_of(self, op: Operation) -> Block:
+        return op.enclosing_block
+
+    def has_side_effects(self, op: Operation) -> bool:
+        return op.op_type in _SIDE_EFFECT_OPS or not op.outputs
+
+    def operand(self, op: Operation, name: str):
+        return op.inputs.get(name)
+
+    def operand_names(self, op: Operation) -> Sequence[str]:
+        return list(op.inputs)
+
+    def operands(self, op: Operation) -> Sequence[Var]:
+        flat = []
+        for value in op.inputs.values():
+            if isinstance(value, (list, tuple)):
+                flat.extend(value)
+            else:
+                flat.append(value)
+        return flat
+
+    def outputs(self, op: Operation) -> Sequence[Var]:
+        return op.outputs
+
+    # ---- values
+
+    def producer(self, value: Var) -> Operation | None:
+        return value.op
+
+    def defining_block(self, value: Var) -> Block | None:
+        if value.op is not None:
+            return value.op.enclosing_block
+        return self._input_blocks.get(id(value))
+
+    def consumers(self, value: Var) -> Sequence[Operation]:
+        children = value.child_ops
+        if len(children) < 2:
+            return list(children)
+        seen, distinct = set(), []
+        for op in children:
+            if id(op) not in seen:
+                seen.add(id(op))
+                distinct.append(op)
+        return distinct
+
+    def is_block_output(self, value: Var) -> bool:
+        return bool(value.consuming_blocks)
+
+    def shape(self, value: Var):
+        sym_type = value.sym_type
+        if types.is_tensor(sym_type):
+            return tuple(_dim(d) for d in sym_type.get_shape())
+        if types.is_scalar(sym_type):
+            return ()
+        return None
+
+    def dtype(self, value: Var) -> str | None:
+        try:
+            return types.builtin_to_string(value.dtype)
+        except Exception:  # list and state types have no element dtype
+            return None
+
+    def constant(self, value: Var):
+        val = value.val
+        if val is None:
+            return None
+        return np.asarray(val)
+
+    def value_name(self, value: Var) -> str:
+        return value.name
+
+    # ---- mutation
+
+    def build(self, op_type: str, operands: dict[str, Any], before: Operation, name: str) -> Var:
+        block = before.enclosing_block
+        builder = getattr(mb, op_type)
+        arguments = {k: _operand(v) for k, v in operands.items() if v is not None}
+        with block:
+            result = builder(**arguments, before_op=before, name=self._unique_name(name))
+        return result[0] if isinstance(result, (list, tuple)) else result
+
+    def _unique_name(self, name: str) -> str:
+        # The engine's names are unique within one run; a second run over the
+        # same program must not reuse a name still in it.
+        if self._names is None:
+            self._names = set()
+            for function in self.program.functions.values():
+                self._collect_names(function)
+        candidate, serial = name, 0
+        while candidate in self._names:
+            serial += 1
+            candidate = f"{name}_{serial}"
+        self._names.add(candidate)
+        return candidate
+
+    def _collect_names(self, block: Block) -> None:
+        for op in block.operations:
+            self._names.add(op.name)
+            self._names.update(v.name for v in op.outputs)
+            for nested in op.blocks:
+                self._collect_names(nested)
+
+    def replace_all_uses(self, old: Var, new: Var) -> None:
+        block = self.defining_block(old)
+        function_outputs = {
+            id(v) for f in self.program.functions.values() for v in f.outputs
+        }
+        if id(old) in function_outputs:
+            function_inputs = {id(v) for f in self.program.functions.values() for v in f.inputs.values()}
+            if id(new) in function_inputs or id(new) in function_outputs:
+                # A function output must keep its own name, and an input's or
+                # another output's name cannot be given away: bridge with identity.
+                with block:
+                    new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
+        consumers = self.consumers(old)
+        anchor = old.op
+        block.replace_uses_of_var_after_op(
+            anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
+        )
+        if id(old) in function_outputs:
+            # coremltools gave `new` the output's name; the old var must not keep it too.
+            old.name = old.name + "_replaced"
+        self._reinfer(consumers)
+
+    def _reinfer(self, consumers: Sequence[Operation]) -> None:
+        # Operand types changed under these ops; their own outputs must come out
+        # the same for a sound rule, and re-inference keeps the IR honest.
+        for op in consumers:
+            if op.enclosing_block is None:
+                continue
+            with op.enclosing_block:
+                op.type_value_inference(overwrite_output=True)
+
+    def remove_op(self, op: Operation) -> None:
+        op.enclosing_block.remove_ops([op])
+
+
+def _operand(value):
+    if isinstance(value, list):
+        array = np.asarray(value)
+        if array.dtype == np.int64:
+            array = array.astype(np.int32)
+        elif array.dtype == np.float64:
+            array = array.astype(np.float32)
+        return array
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return np.int32(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    return value
+
+
+# ---------------------------------------------------------------- files
+
+
+def load_mlpackage(path: str | os.PathLike) -> tuple[Program, Any]:
+    """Read an `.mlpackage` (or `.mlmodel`) into a pymil Program.
+
+    Returns the program and the model spec it came from (for saving back
+    with the same deployment target and input descriptions).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MilError(f"{path}: no such file or directory")
+    from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = ct.models.MLModel(str(path), skip_model_load=True)
+    except Exception as error:
+        raise MilError(f"{path}: not a Core ML model ({_first_line(error)})") from None
+    spec = model.get_spec()
+    if spec.WhichOneof("Type") != "mlProgram":
+        raise MilError(f"{path}: not an ML program (it is a {spec.WhichOneof('Type')} model)")
+    try:
+        program = milproto_load(spec, spec.specificationVersion, file_weights_dir=model.weights_dir or "")
+    except Exception as error:
+        raise MilError(f"{path}: could not read its MIL program ({_first_line(error)})") from None
+    return program, spec
+
+
+def save_mlpackage(program: Program, path: str | os.PathLike, spec=None) -> None:
+    """Write `program` to `path` as an `.mlpackage`, running none of coremltools' passes.
+
+    With `spec` (from `load_mlpackage`), the deployment target and the input
+    descriptions (flexible shape ranges) of the original model are kept.
+    The program itself is not modified.
+    """
+    target = None
+    inputs = None
+    if spec is not None:
+        target = ct.target(spec.specificationVersion)
+        inputs = _input_types(spec)
+    else:
+        target = max((f.opset_version for f in program.functions.values()), default=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ct.convert(
+            copy.deepcopy(program),  # ct.convert mutates the program it is given
+            convert_to="mlprogram",
+            pass_pipeline=ct.PassPipeline.EMPTY,
+            minimum_deployment_target=target,
+            inputs=inputs,
+            skip_model_load=True,
+        )
+        if spec is not None:
+            model.get_spec().description.metadata.CopyFrom(spec.description.metadata)
+        model.save(str(path))
+
+
+def _input_types(spec):
+    """ct.TensorType inputs that reproduce the spec's (possibly flexible) input shapes."""
+    inputs = []
+    for feature in spec.description.input:
+        kind = feature.type.WhichOneof("Type")
+        if kind != "multiArrayType":
+            return None  # images and others: let coremltools derive them from the program
+        array = feature.type.multiArrayType
+        ranges = array.shapeRange.sizeRanges
+        if ranges:
+            dims = []
+            for size in ranges:
+                if size.lowerBound == size.upperBound:
+                    dims.append(int(size.lowerBound))
+                else:
+                    upper = int(size.upperBound) if size.upperBound > 0 else -1
+                    dims.append(ct.RangeDim(int(size.lowerBound), upper))
+            shape = ct.Shape(tuple(dims))
+        elif array.enumeratedShapes.shapes:
+            shape = ct.EnumeratedShapes(
+                [tuple(s.shape) for s in array.enumeratedShapes.shapes], default=tuple(array.shape)
+            )
+        else:
+            shape = tuple(array.shape)
+        inputs.append(ct.TensorType(name=feature.name, shape=shape))
+    return inputs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

@@ -1,0 +1,418 @@
+"""Evaluation of `where` conditions, in three-valued logic.
+
+Numbers at run time are ints, floats, `Symbol`s or `UNKNOWN`; lists are
+Python lists (or `UNKNOWN`); booleans are `Truth`. Anything that cannot be
+read off the graph is `UNKNOWN`, and arithmetic or comparison with an
+unknown stays unknown, so it can never make a rule fire.
+
+A conjunction is evaluated left to right, and an unnegated `%v is op(...)`
+in it binds for the conjuncts after it: the conjunction holds if some way
+of matching makes the rest hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from rewrite.engine.interfaces import Adapter
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
+from rewrite.engine.matcher import Environment, Matcher
+from rewrite.language import ast
+from rewrite.language.types import NAMED_CONSTANTS
+from rewrite.predicates import Predicate, PredicateContext
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a condition did not hold: the innermost conjunct that failed."""
+
+    expr: Any
+    truth: Truth
+    bindings: tuple[tuple[str, str], ...]  # quantifier variables and uses in force
+
+
+def conjuncts(expr) -> list:
+    """`a and b and c` as [a, b, c]."""
+    if isinstance(expr, ast.And):
+        return conjuncts(expr.left) + conjuncts(expr.right)
+    return [expr]
+
+
+class Evaluator:
+    """Evaluates condition expressions against one program."""
+
+    def __init__(self, adapter: Adapter, matcher: Matcher, predicates: dict[str, Predicate]):
+        self.adapter = adapter
+        self.matcher = matcher
+        self.predicates = predicates
+        self.context = PredicateContext(adapter)
+        self.failure: Failure | None = None
+        self._scope: list[tuple[str, str]] = []
+
+    # ---------------------------------------------------------------- truth
+
+    def holds(self, exprs: list, env: Environment) -> tuple[Truth, Environment | None]:
+        """Evaluate a conjunction. On YES, also return the environment that made it hold."""
+        self.failure = None
+        return self._all(exprs, env)
+
+    def _all(self, items: list, env: Environment) -> tuple[Truth, Environment | None]:
+        if not items:
+            return Truth.YES, env
+        head, rest = items[0], items[1:]
+        if isinstance(head, ast.And):
+            return self._all(conjuncts(head) + rest, env)
+        if isinstance(head, ast.Matches) and not head.negated:
+            result = Truth.NO
+            for extended in self._match(head, env):
+                truth, final = self._all(rest, extended)
+                if truth is Truth.YES:
+                    return truth, final
+                result = result | truth
+            if result is Truth.NO and self.failure is None:
+                self._fail(head, Truth.NO)
+            return result, None
+        truth = self.truth(head, env)
+        if truth is not Truth.YES:
+            self._fail(head, truth)
+            if truth is Truth.NO:
+                return truth, None
+        rest_truth, final = self._all(rest, env)
+        return truth & rest_truth, (final if truth is Truth.YES else None)
+
+    def _fail(self, expr, truth: Truth) -> None:
+        if self.failure is None:
+            self.failure = Failure(expr, truth, tuple(self._scope))
+
+    def truth(self, expr, env: Environment) -> Truth:
+        if isinstance(expr, ast.And):
+            return self._all(conjuncts(expr), env)[0]
+        if isinstance(expr, ast.Or):
+            left = self.truth(expr.left, env)
+            if left is Truth.YES:
+                return left
+            return left | self.truth(expr.right, env)
+        if isinstance(expr, ast.Not):
+            return ~self.truth(expr.operand, env)
+        if isinstance(expr, ast.Compare):
+            return self._compare(expr, env)
+        if isinstance(expr, ast.SameValue):
+            same = Truth.of(self.value(expr.left, env) == env[expr.var])
+            return ~same if expr.negated else same
+        if isinstance(expr, ast.Matches):
+            found = Truth.of(any(True for _ in self._match(expr, env)))
+            return ~found if expr.negated else found
+        if isinstance(expr, ast.Quantifier):
+            return self._quantifier(expr, env)
+        if isinstance(expr, ast.EveryUse):
+            return self._every_use(expr, env)
+        value = self.value(expr, env)
+        if isinstance(value, Truth):
+            return value
+        if isinstance(value, bool):
+            return Truth.of(value)
+        return Truth.UNKNOWN
+
+    def _match(self, expr: ast.Matches, env: Environment):
+        subject = self.value(expr.subject, env)
+        if subject is None or subject is UNKNOWN or isinstance(subject, (list, tuple)):
+            return iter(())
+        op = self.adapter.producer(subject)
+        if op is None:
+            return iter(())
+        return self.matcher.match_op(expr.pattern, op, env)
+
+    def _compare(self, expr: ast.Compare, env: Environment) -> Truth:
+        left = self.value(expr.left, env)
+        right = self.value(expr.right, env)
+        if expr.operator in ("==", "!="):
+            same = _equal(left, right)
+            return same if expr.operator == "==" else ~same
+        return order(expr.operator, left, right)
+
+    def _quantifier(self, expr: ast.Quantifier, env: Environment) -> Truth:
+        domain = self.value(expr.domain, env)
+        if not isinstance(domain, list):
+            return Truth.UNKNOWN
+        forall = expr.kind == "forall"
+        result = Truth.YES if forall else Truth.NO
+        inner = dict(env)
+        for element in domain:
+            inner[expr.variable] = element
+            self._scope.append((expr.variable, str(element)))
+            try:
+                selected = Truth.YES if expr.filter is None else self.truth(expr.filter, inner)
+                if selected is Truth.NO:
+                    continue
+                body = self.truth(expr.body, inner)
+            finally:
+                self._scope.pop()
+            if forall:
+                result = result & (~selected | body)
+                if result is Truth.NO:
+                    self._fail_in_scope(expr, Truth.NO, expr.variable, element)
+                    return result
+            else:
+                result = result | (selected & body)
+                if result is Truth.YES:
+                    return result
+        if forall and result is not Truth.YES:
+            self._fail(expr, result)
+        return result
+
+    def _fail_in_scope(self, expr, truth, variable, element) -> None:
+        if self.failure is None:
+            self.failure = Failure(expr, truth, tuple(self._scope) + ((variable, str(element)),))
+
+    def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
+        value = env[expr.of]
+        result = Truth.YES
+        inner = dict(env)
+        for consumer in self.adapter.consumers(value):
+            outputs = self.adapter.outputs(consumer)
+            inner[expr.variable] = outputs[0] if outputs else None
+            self._scope.append((expr.variable, self.adapter.op_name(consumer)))
+            try:
+                result = result & self.truth(expr.body, inner)
+            finally:
+                self._scope.pop()
+            if result is Truth.NO:
+                return result
+        return result
+
+    # ---------------------------------------------------------------- values
+
+    def value(self, expr, env: Environment) -> Any:
+        kind = type(expr)
+        if kind is ast.Literal:
+            return expr.value
+        if kind is ast.ValueRef:
+            return env[expr.var]
+        if kind is ast.NameRef:
+            if expr.name in env:
+                return env[expr.name]
+            return NAMED_CONSTANTS[expr.name][1]
+        if kind is ast.ListExpr:
+            return [self.value(item, env) for item in expr.items]
+        if kind is ast.Index:
+            return self._index(self.value(expr.base, env), self.value(expr.index, env))
+        if kind is ast.Arithmetic:
+            return _arithmetic(expr.operator, self.value(expr.left, env), self.value(expr.right, env))
+        if kind is ast.Call:
+            return self._call(expr, env)
+        return self.truth(expr, env)
+
+    def _index(self, base, position):
+        if base is UNKNOWN or not is_literal(position) or position != int(position):
+            return UNKNOWN
+        if not isinstance(base, list):
+            constant = self.adapter.constant(base)
+            if constant is None:
+                return UNKNOWN
+            base = np.asarray(constant).reshape(-1).tolist()
+        position = int(position)
+        if not -len(base) <= position < len(base):
+            return UNKNOWN
+        return base[position]
+
+    def _call(self, expr: ast.Call, env: Environment):
+        arguments = [self.value(a, env) for a in expr.arguments]
+        keywords = {name: self.value(a, env) for name, a in expr.keywords}
+        builtin = _BUILTINS.get(expr.function)
+        if builtin is not None:
+            return builtin(self.adapter, *arguments, **keywords)
+        predicate = self.predicates[expr.function]
+        result = predicate.function(self.context, *arguments)
+        if isinstance(result, Truth):
+            return result
+        if result is None:
+            return Truth.UNKNOWN
+        return Truth.of(bool(result))
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _equal(left, right) -> Truth:
+    if isinstance(left, list) and isinstance(right, list):
+        if len(left) != len(right):
+            return Truth.NO
+        result = Truth.YES
+        for a, b in zip(left, right):
+            result = result & _equal(a, b)
+        return result
+    if isinstance(left, Truth) and isinstance(right, Truth):
+        if Truth.UNKNOWN in (left, right):
+            return Truth.UNKNOWN
+        return Truth.of(left is right)
+    if isinstance(left, list) or isinstance(right, list):
+        return Truth.UNKNOWN if UNKNOWN in (left, right) else Truth.NO
+    return equal(left, right)
+
+
+def _arithmetic(operator: str, left, right):
+    if not (is_literal(left) and is_literal(right)):
+        return UNKNOWN
+    if operator == "+":
+        return left + right
+    if operator == "-":
+        return left - right
+    if operator == "*":
+        return left * right
+    if right == 0:
+        return UNKNOWN
+    quotient = left / right
+    if isinstance(left, int) and isinstance(right, int) and left % right == 0:
+        return left // right
+    return quotient
+
+
+def _shape(adapter: Adapter, value):
+    if value is None or value is UNKNOWN or isinstance(value, (list, tuple)):
+        return None
+    return adapter.shape(value)
+
+
+def _axis(axis, rank: int):
+    if not is_literal(axis) or axis != int(axis):
+        return None
+    axis = int(axis)
+    if axis < 0:
+        axis += rank
+    return axis if 0 <= axis < rank else None
+
+
+def _rank(adapter, value):
+    shape = _shape(adapter, value)
+    return UNKNOWN if shape is None else len(shape)
+
+
+def _dim(adapter, value, axis):
+    shape = _shape(adapter, value)
+    if shape is None:
+        return UNKNOWN
+    index = _axis(axis, len(shape))
+    return UNKNOWN if index is None else shape[index]
+
+
+def _shape_list(adapter, value):
+    shape = _shape(adapter, value)
+    return UNKNOWN if shape is None else list(shape)
+
+
+def _axes(adapter, value):
+    shape = _shape(adapter, value)
+    return UNKNOWN if shape is None else list(range(len(shape)))
+
+
+def _aligned_dim(adapter, value, axis, of):
+    shape, reference = _shape(adapter, value), _shape(adapter, of)
+    if shape is None or reference is None:
+        return UNKNOWN
+    index = _axis(axis, len(reference))
+    if index is None:
+        return UNKNOWN
+    position = index - len(reference) + len(shape)
+    return 1 if position < 0 else shape[position]
+
+
+def _constant(adapter, value):
+    if value is None or value is UNKNOWN or isinstance(value, (list, tuple)):
+        return None
+    return adapter.constant(value)
+
+
+def _is_const(adapter, value):
+    return Truth.of(_constant(adapter, value) is not None)
+
+
+def _const(adapter, value):
+    constant = _constant(adapter, value)
+    return UNKNOWN if constant is None else np.asarray(constant).tolist()
+
+
+def _is_symbolic(adapter, dim):
+    if dim is UNKNOWN:
+        return Truth.UNKNOWN
+    return Truth.of(isinstance(dim, Symbol))
+
+
+def _is_known(adapter, dim):
+    return Truth.of(is_literal(dim) and not (isinstance(dim, float) and math.isnan(dim)))
+
+
+def _dtype(adapter, value):
+    if value is None or value is UNKNOWN:
+        return UNKNOWN
+    dtype = adapter.dtype(value)
+    return UNKNOWN if dtype is None else dtype
+
+
+def _use_count(adapter, value):
+    return len(adapter.consumers(value))
+
+
+def _one_use(adapter, value):
+    return Truth.of(len(adapter.consumers(value)) == 1 and not adapter.is_block_output(value))
+
+
+def _block_output(adapter, value):
+    return Truth.of(adapter.is_block_output(value))
+
+
+def _same_block(adapter, value, other):
+    if value is None or other is None:
+        return Truth.NO
+    return Truth.of(adapter.defining_block(value) == adapter.defining_block(other))
+
+
+def _op_type(adapter, value):
+    op = adapter.producer(value) if value is not None else None
+    return UNKNOWN if op is None else adapter.op_type(op)
+
+
+def _len(adapter, items):
+    return UNKNOWN if not isinstance(items, list) else len(items)
+
+
+def _range(adapter, stop):
+    if not is_literal(stop) or stop != int(stop):
+        return UNKNOWN
+    return list(range(int(stop)))
+
+
+def _abs(adapter, x):
+    return abs(x) if is_literal(x) else UNKNOWN
+
+
+def _mod(adapter, x, y):
+    if not (is_literal(x) and is_literal(y)) or y == 0:
+        return UNKNOWN
+    return x % y
+
+
+_BUILTINS: dict[str, Callable] = {
+    "rank": _rank,
+    "dim": _dim,
+    "shape": _shape_list,
+    "axes": _axes,
+    "aligned_dim": _aligned_dim,
+    "is_const": _is_const,
+    "const": _const,
+    "is_symbolic": _is_symbolic,
+    "is_known": _is_known,
+    "dtype": _dtype,
+    "use_count": _use_count,
+    "one_use": _one_use,
+    "block_output": _block_output,
+    "same_block": _same_block,
+    "op_type": _op_type,
+    "len": _len,
+    "range": _range,
+    "abs": _abs,
+    "mod": _mod,
+}

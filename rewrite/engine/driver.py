@@ -1,0 +1,135 @@
+"""The fixed-point driver: sweep the program, fire rules, repeat until quiet.
+
+Each sweep visits every block in program order (a nested block before the op
+that owns it) and, for each op, the rules anchored on its type in order of
+descending `benefit`, then load order. Decisions are taken against the graph
+as it is at that moment, so an earlier rewrite in the same sweep is seen by
+later ones. The result is deterministic: nothing depends on hashing order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from rewrite.engine.conditions import Evaluator
+from rewrite.engine.interfaces import Adapter, Block, Op
+from rewrite.engine.matcher import Matcher
+from rewrite.engine.rewriter import Rewriter, remove_dead
+from rewrite.language import ast
+from rewrite.predicates import Predicate
+
+DEFAULT_MAX_SWEEPS = 32
+
+
+@dataclass
+class RuleStatistics:
+    """How often a rule was tried on an anchor of its type, and how often it fired."""
+
+    rule: str
+    attempts: int = 0
+    fires: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Statistics:
+    """The outcome of one run of a rule set over a program."""
+
+    rules: dict[str, RuleStatistics] = field(default_factory=dict)
+    sweeps: int = 0
+    removed_ops: int = 0
+
+    @property
+    def fires(self) -> int:
+        return sum(r.fires for r in self.rules.values())
+
+    def fired(self, rule: str) -> int:
+        return self.rules[rule].fires if rule in self.rules else 0
+
+    def as_dict(self) -> dict:
+        return {
+            "sweeps": self.sweeps,
+            "removed_ops": self.removed_ops,
+            "rules": {
+                name: {"attempts": r.attempts, "fires": r.fires, "seconds": round(r.seconds, 6)}
+                for name, r in self.rules.items()
+            },
+        }
+
+
+class RewriteLimitError(RuntimeError):
+    """The sweep cap was reached with rules still firing (likely rules that undo each other)."""
+
+    def __init__(self, max_sweeps: int, firing: Sequence[str]):
+        self.firing = tuple(firing)
+        super().__init__(
+            f"rules still firing after {max_sweeps} sweeps: {', '.join(self.firing)}; "
+            "they may undo each other"
+        )
+
+
+class Driver:
+    """Runs rules over one program through its adapter."""
+
+    def __init__(
+        self,
+        rules: Sequence[ast.Rule],
+        adapter: Adapter,
+        predicates: dict[str, Predicate],
+        max_sweeps: int = DEFAULT_MAX_SWEEPS,
+    ):
+        self.adapter = adapter
+        self.max_sweeps = max_sweeps
+        self.matcher = Matcher(adapter)
+        self.evaluator = Evaluator(adapter, self.matcher, predicates)
+        self.rewriter = Rewriter(adapter, self.evaluator)
+        self.statistics = Statistics({rule.name: RuleStatistics(rule.name) for rule in rules})
+        self._conditions = {rule.name: [c.expr for c in rule.conditions] for rule in rules}
+        ordered = sorted(enumerate(rules), key=lambda item: (-item[1].benefit, item[0]))
+        self.index: dict[str, list[ast.Rule]] = {}
+        for _, rule in ordered:
+            for op_type in sorted(rule.anchor.pattern.types):
+                self.index.setdefault(op_type, []).append(rule)
+
+    def run(self) -> Statistics:
+        """Sweep until no rule fires. Raises `RewriteLimitError` at the cap."""
+        for _ in range(self.max_sweeps):
+            self.statistics.sweeps += 1
+            fired: list[str] = []
+            for block in self.adapter.top_blocks():
+                self._sweep(block, fired)
+            if not fired:
+                return self.statistics
+        raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
+
+    def _sweep(self, block: Block, fired: list[str]) -> None:
+        adapter = self.adapter
+        for op in adapter.operations(block):
+            if not adapter.is_live(op):
+                continue
+            for nested in adapter.nested_blocks(op):
+                self._sweep(nested, fired)
+            for rule in self.index.get(adapter.op_type(op), ()):
+                if not adapter.is_live(op):
+                    break
+                if self.try_rule(rule, op):
+                    fired.append(rule.name)
+
+    def try_rule(self, rule: ast.Rule, anchor: Op) -> bool:
+        """Match, check and, if everything holds, rewrite. True if the rule fired."""
+        statistics = self.statistics.rules[rule.name]
+        statistics.attempts += 1
+        start = time.perf_counter()
+        try:
+            for env in self.matcher.match_rule(rule, anchor):
+                truth, final = self.evaluator.holds(self._conditions[rule.name], env)
+                if final is not None:
+                    touched = self.rewriter.apply(rule, final, anchor)
+                    self.statistics.removed_ops += remove_dead(self.adapter, touched)
+                    statistics.fires += 1
+                    return True
+            return False
+        finally:
+            statistics.seconds += time.perf_counter() - start

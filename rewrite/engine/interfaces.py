@@ -1,0 +1,135 @@
+"""What the engine needs from an IR, and nothing more.
+
+A backend implements `Adapter` over its own objects. The engine treats ops,
+values and blocks as opaque handles: it only hashes them, compares them with
+`==`, and passes them back to the adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Protocol, Sequence
+
+import numpy as np
+
+from rewrite.engine.logic import Dim
+
+Op = Hashable
+Value = Hashable
+Block = Hashable
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of an op's schema."""
+
+    name: str
+    optional: bool = False
+    variadic: bool = False
+
+
+@dataclass(frozen=True)
+class OpSignature:
+    """An op type's inputs, in schema (positional) order."""
+
+    op_type: str
+    inputs: tuple[InputSpec, ...]
+
+    def input(self, name: str) -> InputSpec | None:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+
+class OpSchema(Protocol):
+    """The op registry of one dialect, used to check rules when they load."""
+
+    dialect: str
+
+    def signature(self, op_type: str) -> OpSignature | None:
+        """The signature of `op_type`, or None if the dialect has no such op."""
+
+    def op_types(self) -> Sequence[str]:
+        """Every op type of the dialect (for "did you mean" hints)."""
+
+
+class Adapter(Protocol):
+    """The engine's view of one program in some IR."""
+
+    dialect: str
+
+    # ---- structure
+
+    def top_blocks(self) -> Sequence[Block]:
+        """The outermost blocks (functions, the main graph)."""
+
+    def operations(self, block: Block) -> Sequence[Op]:
+        """A snapshot of the ops of `block`, in program order."""
+
+    def nested_blocks(self, op: Op) -> Sequence[Block]:
+        """Blocks owned by `op` (cond branches, loop bodies, subgraphs)."""
+
+    def is_live(self, op: Op) -> bool:
+        """False once `op` has been removed from its block."""
+
+    def op_type(self, op: Op) -> str: ...
+
+    def op_name(self, op: Op) -> str: ...
+
+    def block_of(self, op: Op) -> Block: ...
+
+    def has_side_effects(self, op: Op) -> bool:
+        """True if `op` must stay even when none of its outputs is used."""
+
+    def operand(self, op: Op, name: str) -> Value | tuple[Value, ...] | None:
+        """The operand named `name`: a value, a tuple for a variadic input, or None."""
+
+    def operand_names(self, op: Op) -> Sequence[str]:
+        """The names of the operands present on `op`, in schema order."""
+
+    def operands(self, op: Op) -> Sequence[Value]:
+        """The operands present, flattened, in schema order."""
+
+    def outputs(self, op: Op) -> Sequence[Value]: ...
+
+    # ---- values
+
+    def producer(self, value: Value) -> Op | None:
+        """The op that defines `value`; None for block and function inputs."""
+
+    def defining_block(self, value: Value) -> Block: ...
+
+    def consumers(self, value: Value) -> Sequence[Op]:
+        """Distinct ops (in any block) that take `value` as an operand."""
+
+    def is_block_output(self, value: Value) -> bool:
+        """True if `value` is an output of any block (a function output included)."""
+
+    def shape(self, value: Value) -> tuple[Dim, ...] | None:
+        """The dims of `value`; None when its rank is unknown."""
+
+    def dtype(self, value: Value) -> str | None:
+        """A dtype name such as "fp32", "int32", "bool"; None if unknown."""
+
+    def constant(self, value: Value) -> np.ndarray | None:
+        """The value's compile-time constant, or None."""
+
+    def value_name(self, value: Value) -> str: ...
+
+    # ---- mutation
+
+    def build(self, op_type: str, operands: dict[str, Any], before: Op, name: str) -> Value:
+        """Insert a new op before `before`, in the same block; return its output.
+
+        Operands are values of this program or plain Python/numpy constants.
+        """
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        """Redirect every use of `old` (ops and block outputs) to `new`.
+
+        A function output keeps its name.
+        """
+
+    def remove_op(self, op: Op) -> None:
+        """Remove an op none of whose outputs is used."""

@@ -1,0 +1,106 @@
+"""Three-valued truth and dims that may be literal, symbolic or unknown.
+
+The whole soundness story rests on this module: a rewrite fires only on
+`Truth.YES`, and nothing about a symbol or an unknown dim is ever YES unless
+it is the very same symbol.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+
+class Truth(enum.Enum):
+    """Kleene's strong three-valued logic."""
+
+    NO = 0
+    UNKNOWN = 1
+    YES = 2
+
+    @staticmethod
+    def of(value: bool) -> Truth:
+        return Truth.YES if value else Truth.NO
+
+    def __and__(self, other: Truth) -> Truth:
+        return self if self.value <= other.value else other
+
+    def __or__(self, other: Truth) -> Truth:
+        return self if self.value >= other.value else other
+
+    def __invert__(self) -> Truth:
+        return Truth(2 - self.value)
+
+    def __bool__(self) -> bool:  # pragma: no cover - a guard, not an API
+        raise TypeError("Truth is three-valued; compare with Truth.YES explicitly")
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A symbolic dim. Two dims are equal when they are the same symbol."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class _UnknownDim:
+    """A dim about which nothing is known; unequal-to-nothing and equal-to-nothing."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "?"
+
+    __str__ = __repr__
+
+
+UNKNOWN = _UnknownDim()
+"""The unknown scalar: an unknown dim, or a constant that could not be read."""
+
+Dim = Union[int, Symbol, _UnknownDim]
+
+
+def is_literal(dim: object) -> bool:
+    # bool is an int in Python; it is never a dim.
+    return isinstance(dim, (int, float)) and not isinstance(dim, bool)
+
+
+def equal(left: object, right: object) -> Truth:
+    """Three-valued equality of scalars and dims."""
+    if left is UNKNOWN or right is UNKNOWN:
+        return Truth.UNKNOWN
+    if isinstance(left, Symbol) or isinstance(right, Symbol):
+        if left == right:
+            return Truth.YES
+        return Truth.UNKNOWN
+    return Truth.of(left == right)
+
+
+def order(operator: str, left: object, right: object) -> Truth:
+    """`<`, `<=`, `>`, `>=` between literals; anything symbolic is unknown."""
+    if not (is_literal(left) and is_literal(right)):
+        if operator in ("<=", ">=") and isinstance(left, Symbol) and left == right:
+            return Truth.YES
+        return Truth.UNKNOWN
+    if operator == "<":
+        return Truth.of(left < right)
+    if operator == "<=":
+        return Truth.of(left <= right)
+    if operator == ">":
+        return Truth.of(left > right)
+    return Truth.of(left >= right)
+
+
+def format_dim(dim: object) -> str:
+    return str(dim)

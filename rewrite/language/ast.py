@@ -1,0 +1,335 @@
+"""The abstract syntax of `.rules` files.
+
+Every node is a small frozen dataclass that carries its `Span`, so that any
+later stage (checker, engine, explain) can point back at the text the user
+wrote. Nothing here knows about an IR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a rules file: 1-based line and column of its first character."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int = 0
+    end_column: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+NO_SPAN = Span("<builtin>", 0, 0)
+
+
+# ------------------------------------------------------------------ patterns
+
+
+@dataclass(frozen=True)
+class Wildcard:
+    """`_`: matches any operand, binds nothing."""
+
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Bind:
+    """`%v`, or `%v = op(...)`: binds (or, if already bound, must equal) a value."""
+
+    var: str
+    producer: OpPattern | None
+    span: Span = field(compare=False)
+
+
+ValuePattern = Union["Wildcard", "Bind", "OpPattern"]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of an op pattern.
+
+    `name` is the schema name for `name=pattern`, None for a positional
+    operand. `rest` marks `%v...`, which binds the tuple of operands no other
+    positional pattern took.
+    """
+
+    name: str | None
+    pattern: ValuePattern
+    rest: bool
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class OpPattern:
+    """`op(operands)`, where `op` names an op type or an op class.
+
+    `types` is filled in by the checker: the op types `op` stands for.
+    """
+
+    op: str
+    operands: tuple[Operand, ...]
+    any_order: bool
+    span: Span = field(compare=False)
+    types: frozenset[str] = frozenset()
+
+
+# --------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Literal:
+    """An int, float, string or bool written in the rule."""
+
+    value: int | float | str | bool
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """`%v`: a value bound by a pattern or a quantifier."""
+
+    var: str
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class NameRef:
+    """A bare name: a quantifier variable or a named constant such as `fp16`."""
+
+    name: str
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ListExpr:
+    items: tuple[Expr, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Index:
+    """`base[index]`: an element of a list, or of a value's constant."""
+
+    base: Expr
+    index: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """`left op right` with op one of + - * /; `-x` is `0 - x`."""
+
+    operator: str
+    left: Expr
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Compare:
+    operator: str
+    left: Expr
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class And:
+    left: Expr
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Or:
+    left: Expr
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class SameValue:
+    """`a is %b` / `a is not %b`: identity of graph values."""
+
+    left: Expr
+    var: str
+    negated: bool
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Matches:
+    """`%v is op(...)`: the producer of `%v` matches the pattern.
+
+    Unnegated, the pattern's new bindings are visible to the right of it in
+    the same conjunction; the match is existential over operand orders.
+    """
+
+    subject: Expr
+    pattern: OpPattern
+    negated: bool
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A built-in function or an embedder-registered predicate."""
+
+    function: str
+    arguments: tuple[Expr, ...]
+    keywords: tuple[tuple[str, Expr], ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Quantifier:
+    """`forall x in domain [where filter]: body`, or `exists ...`."""
+
+    kind: str  # "forall" | "exists"
+    variable: str
+    domain: Expr
+    filter: Expr | None
+    body: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class EveryUse:
+    """`every use %u of %v: body`: body holds for each op that consumes `%v`.
+
+    `%u` is bound to the consuming op's (first) output. Block outputs are
+    not ops and are not ranged over; `block_output(%v)` speaks of them.
+    """
+
+    variable: str
+    of: str
+    body: Expr
+    span: Span = field(compare=False)
+
+
+Expr = Union[
+    Literal, ValueRef, NameRef, ListExpr, Index, Arithmetic, Compare, And, Or, Not,
+    SameValue, Matches, Call, Quantifier, EveryUse,
+]
+
+
+# ----------------------------------------------------------------- rewrites
+
+
+@dataclass(frozen=True)
+class Argument:
+    name: str
+    value: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class OpBuild:
+    """`op(name=expr, ...)`: a new op, inserted before the anchor."""
+
+    op: str
+    arguments: tuple[Argument, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """`%v with name=expr, ...`: `%v`'s op again, with some operands changed."""
+
+    var: str
+    arguments: tuple[Argument, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class BuildAction:
+    """`%v = op(...)`."""
+
+    var: str
+    build: OpBuild
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ReplaceAction:
+    """`%old -> replacement`: every use of `%old` is redirected to the replacement."""
+
+    target: str
+    replacement: ValueRef | OpBuild | Rebuild
+    span: Span = field(compare=False)
+
+
+Action = Union[BuildAction, ReplaceAction]
+
+
+# -------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class MatchClause:
+    var: str
+    pattern: OpPattern
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One `where` clause, with its source text kept for explanations."""
+
+    expr: Expr
+    text: str
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    dialect: str
+    matches: tuple[MatchClause, ...]
+    conditions: tuple[Condition, ...]
+    actions: tuple[Action, ...]
+    benefit: int
+    span: Span = field(compare=False)
+
+    @property
+    def anchor(self) -> MatchClause:
+        return self.matches[0]
+
+
+@dataclass(frozen=True)
+class OpClass:
+    name: str
+    members: tuple[str, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Import:
+    path: str
+    names: tuple[str, ...] | None  # None: every class of the file
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    """One parsed `.rules` file, before imports and names are resolved."""
+
+    path: str
+    dialect: str | None
+    dialect_span: Span | None
+    imports: tuple[Import, ...]
+    classes: tuple[OpClass, ...]
+    rules: tuple[Rule, ...]

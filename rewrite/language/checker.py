@@ -1,0 +1,399 @@
+"""Name resolution and type checking of parsed rules.
+
+The checker turns a `RuleFile` plus the op classes it imports into rules the
+engine can run: class names in patterns are resolved to op types, op types
+and operand names are checked against the dialect's op schema, every `%var`
+is bound before it is used, and every condition is type checked. Each
+finding is a `Diagnostic` pointing at the text.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from rewrite.engine.interfaces import OpSchema, OpSignature
+from rewrite.language import ast
+from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Signature, Type
+
+
+@dataclass
+class _Scope:
+    """Names visible at a point: graph values (`%v`) and quantifier variables."""
+
+    values: frozenset[str]
+    names: frozenset[str]
+
+    def with_values(self, *names: str) -> _Scope:
+        return _Scope(self.values | frozenset(names), self.names)
+
+    def with_name(self, name: str) -> _Scope:
+        return _Scope(self.values, self.names | {name})
+
+
+class Checker:
+    """Checks the rules of one file. Findings accumulate in `diagnostics`."""
+
+    def __init__(
+        self,
+        source: SourceText,
+        classes: dict[str, ast.OpClass],
+        schema: OpSchema | None,
+        predicates: dict[str, Signature],
+    ):
+        self.source = source
+        self.classes = classes
+        self.schema = schema
+        self.predicates = predicates
+        self.diagnostics: list[Diagnostic] = []
+
+    def error(self, span: ast.Span, message: str) -> None:
+        self.diagnostics.append(self.source.diagnostic(span, message))
+
+    def warning(self, span: ast.Span, message: str) -> None:
+        self.diagnostics.append(self.source.diagnostic(span, message, "warning"))
+
+    # ------------------------------------------------------------ op names
+
+    def _suggest(self, name: str, candidates) -> str:
+        close = difflib.get_close_matches(name, list(candidates), n=1)
+        return f"; did you mean '{close[0]}'?" if close else ""
+
+    def check_class(self, op_class: ast.OpClass) -> None:
+        if self.schema is None:
+            return
+        for member in op_class.members:
+            if self.schema.signature(member) is None:
+                self.error(
+                    op_class.span,
+                    f"class '{op_class.name}': unknown {self.schema.dialect} op '{member}'"
+                    + self._suggest(member, self.schema.op_types()),
+                )
+
+    def _op_types(self, name: str, span: ast.Span) -> frozenset[str] | None:
+        if name in self.classes:
+            return frozenset(self.classes[name].members)
+        if self.schema is None or self.schema.signature(name) is not None:
+            return frozenset([name])
+        candidates = list(self.classes) + list(self.schema.op_types())
+        self.error(
+            span,
+            f"unknown {self.schema.dialect} op or class '{name}'" + self._suggest(name, candidates),
+        )
+        return None
+
+    def _signatures(self, types: frozenset[str]) -> list[OpSignature]:
+        if self.schema is None:
+            return []
+        return [s for s in (self.schema.signature(t) for t in sorted(types)) if s is not None]
+
+    # ------------------------------------------------------------ patterns
+
+    def check_pattern(self, pattern: ast.OpPattern, bound: set[str]) -> ast.OpPattern:
+        """Resolve and check an op pattern; add the variables it binds to `bound`."""
+        types = self._op_types(pattern.op, pattern.span) or frozenset()
+        signatures = self._signatures(types)
+        named = [o for o in pattern.operands if o.name is not None]
+        positional = [o for o in pattern.operands if o.name is None]
+        if named and positional:
+            self.error(pattern.span, "an op pattern takes named or positional operands, not both")
+        if pattern.any_order and not positional:
+            self.error(pattern.span, "'in any order' needs positional operands")
+        rests = [o for o in positional if o.rest]
+        if len(rests) > 1 or (rests and positional[-1] is not rests[0]):
+            self.error(rests[0].span, "a rest operand '%v...' comes last, once")
+        seen_names: set[str] = set()
+        for operand in named:
+            if operand.name in seen_names:
+                self.error(operand.span, f"operand '{operand.name}' given twice")
+            seen_names.add(operand.name)
+            for signature in signatures:
+                if signature.input(operand.name) is None:
+                    names = [i.name for i in signature.inputs]
+                    self.error(
+                        operand.span,
+                        f"op '{signature.op_type}' has no operand '{operand.name}' "
+                        f"(it has {', '.join(names) or 'none'})" + self._suggest(operand.name, names),
+                    )
+        fixed = len([o for o in positional if not o.rest])
+        for signature in signatures:
+            if positional and not any(i.variadic for i in signature.inputs):
+                if fixed > len(signature.inputs):
+                    self.error(
+                        pattern.span,
+                        f"op '{signature.op_type}' takes at most {len(signature.inputs)} "
+                        f"operands; the pattern lists {fixed}",
+                    )
+        operands = tuple(
+            replace(o, pattern=self._check_value_pattern(o.pattern, bound)) for o in pattern.operands
+        )
+        return replace(pattern, operands=operands, types=types)
+
+    def _check_value_pattern(self, pattern, bound: set[str]):
+        if isinstance(pattern, ast.Wildcard):
+            return pattern
+        if isinstance(pattern, ast.OpPattern):
+            return self.check_pattern(pattern, bound)
+        bound.add(pattern.var)
+        if pattern.producer is not None:
+            return replace(pattern, producer=self.check_pattern(pattern.producer, bound))
+        return pattern
+
+    # ------------------------------------------------------------ expressions
+
+    def check_expr(self, expr, scope: _Scope) -> tuple[Type, _Scope]:
+        """The type of `expr`, and the scope after it (patterns in conjunctions bind)."""
+        method = getattr(self, "_expr_" + type(expr).__name__)
+        return method(expr, scope)
+
+    def _expect(self, expr, scope: _Scope, expected: Type, what: str) -> Type:
+        actual, _ = self.check_expr(expr, scope)
+        if not expected.accepts(actual):
+            self.error(expr.span, f"{what} must be {expected}, not {actual}")
+        return actual
+
+    def _expr_Literal(self, expr: ast.Literal, scope):
+        value = expr.value
+        if isinstance(value, bool):
+            return Type.BOOL, scope
+        if isinstance(value, str):
+            return Type.STRING, scope
+        return Type.NUMBER, scope
+
+    def _expr_ValueRef(self, expr: ast.ValueRef, scope):
+        if expr.var not in scope.values:
+            self.error(expr.span, f"'{expr.var}' is not bound here")
+        return Type.VALUE, scope
+
+    def _expr_NameRef(self, expr: ast.NameRef, scope):
+        if expr.name in scope.names:
+            return Type.ANY, scope
+        if expr.name in NAMED_CONSTANTS:
+            return NAMED_CONSTANTS[expr.name][0], scope
+        self.error(
+            expr.span,
+            f"unknown name '{expr.name}'"
+            + self._suggest(expr.name, list(scope.names) + list(NAMED_CONSTANTS)),
+        )
+        return Type.ANY, scope
+
+    def _expr_ListExpr(self, expr: ast.ListExpr, scope):
+        for item in expr.items:
+            self.check_expr(item, scope)
+        return Type.LIST, scope
+
+    def _expr_Index(self, expr: ast.Index, scope):
+        base, _ = self.check_expr(expr.base, scope)
+        self._expect(expr.index, scope, Type.NUMBER, "an index")
+        if base is Type.VALUE:
+            return Type.NUMBER, scope  # an element of the value's constant
+        if not Type.LIST.accepts(base):
+            self.error(expr.base.span, f"only a list or a constant value can be indexed, not {base}")
+        return Type.ANY, scope
+
+    def _expr_Arithmetic(self, expr: ast.Arithmetic, scope):
+        self._expect(expr.left, scope, Type.NUMBER, f"an operand of '{expr.operator}'")
+        self._expect(expr.right, scope, Type.NUMBER, f"an operand of '{expr.operator}'")
+        return Type.NUMBER, scope
+
+    def _expr_Compare(self, expr: ast.Compare, scope):
+        left, _ = self.check_expr(expr.left, scope)
+        right, _ = self.check_expr(expr.right, scope)
+        for side, actual in ((expr.left, left), (expr.right, right)):
+            if actual is Type.VALUE:
+                self.error(
+                    side.span,
+                    "a graph value cannot be compared with "
+                    f"'{expr.operator}'; use 'is' for identity, or dim()/const() for its contents",
+                )
+        if expr.operator in ("<", "<=", ">", ">="):
+            for side, actual in ((expr.left, left), (expr.right, right)):
+                if not Type.NUMBER.accepts(actual):
+                    self.error(side.span, f"'{expr.operator}' compares numbers, not {actual}")
+        elif not left.accepts(right) and Type.VALUE not in (left, right):
+            self.error(expr.span, f"'{expr.operator}' compares {left} with {right}")
+        return Type.BOOL, scope
+
+    def _expr_And(self, expr: ast.And, scope):
+        _, scope = self._condition(expr.left, scope, "'and'")
+        _, scope = self._condition(expr.right, scope, "'and'")
+        return Type.BOOL, scope
+
+    def _expr_Or(self, expr: ast.Or, scope):
+        self._condition(expr.left, scope, "'or'")
+        self._condition(expr.right, scope, "'or'")
+        return Type.BOOL, scope
+
+    def _expr_Not(self, expr: ast.Not, scope):
+        self._condition(expr.operand, scope, "'not'")
+        return Type.BOOL, scope
+
+    def _condition(self, expr, scope, where: str):
+        actual, after = self.check_expr(expr, scope)
+        if not Type.BOOL.accepts(actual):
+            self.error(expr.span, f"an operand of {where} must be bool, not {actual}")
+        return actual, after
+
+    def _expr_SameValue(self, expr: ast.SameValue, scope):
+        self._expect(expr.left, scope, Type.VALUE, "the left of 'is'")
+        if expr.var not in scope.values:
+            self.error(expr.span, f"'{expr.var}' is not bound here")
+        return Type.BOOL, scope
+
+    def _expr_Matches(self, expr: ast.Matches, scope):
+        self._expect(expr.subject, scope, Type.VALUE, "the left of 'is'")
+        bound = set(scope.values)
+        pattern = self.check_pattern(expr.pattern, bound)
+        self._resolved[id(expr)] = pattern
+        if expr.negated:
+            # A pattern that did not match binds nothing.
+            return Type.BOOL, scope
+        return Type.BOOL, scope.with_values(*bound)
+
+    def _expr_Call(self, expr: ast.Call, scope):
+        signature = BUILTINS.get(expr.function) or self.predicates.get(expr.function)
+        if signature is None:
+            self.error(
+                expr.span,
+                f"unknown function '{expr.function}'"
+                + self._suggest(expr.function, list(BUILTINS) + list(self.predicates)),
+            )
+            for argument in expr.arguments:
+                self.check_expr(argument, scope)
+            return Type.ANY, scope
+        positional = signature.positional
+        if len(expr.arguments) != len(positional):
+            self.error(
+                expr.span,
+                f"'{expr.function}' takes {len(positional)} positional argument"
+                f"{'s' if len(positional) != 1 else ''}, not {len(expr.arguments)}",
+            )
+        for parameter, argument in zip(positional, expr.arguments):
+            self._expect(argument, scope, parameter.type, f"argument '{parameter.name}' of '{expr.function}'")
+        keywords = signature.keywords
+        given = {name for name, _ in expr.keywords}
+        for name, argument in expr.keywords:
+            if name not in keywords:
+                self.error(argument.span, f"'{expr.function}' has no keyword argument '{name}'")
+                continue
+            self._expect(argument, scope, keywords[name].type, f"argument '{name}' of '{expr.function}'")
+        for name in keywords:
+            if name not in given:
+                self.error(expr.span, f"'{expr.function}' needs the keyword argument '{name}='")
+        return signature.result, scope
+
+    def _expr_Quantifier(self, expr: ast.Quantifier, scope):
+        self._expect(expr.domain, scope, Type.LIST, f"the domain of '{expr.kind}'")
+        inner = scope.with_name(expr.variable)
+        if expr.filter is not None:
+            _, inner = self._condition(expr.filter, inner, f"'{expr.kind} ... where'")
+        self._condition(expr.body, inner, f"'{expr.kind}'")
+        return Type.BOOL, scope
+
+    def _expr_EveryUse(self, expr: ast.EveryUse, scope):
+        if expr.of not in scope.values:
+            self.error(expr.span, f"'{expr.of}' is not bound here")
+        if expr.variable in scope.values:
+            self.error(expr.span, f"'{expr.variable}' is already bound")
+        self._condition(expr.body, scope.with_values(expr.variable), "'every use'")
+        return Type.BOOL, scope
+
+    # ------------------------------------------------------------ rules
+
+    def check_rule(self, rule: ast.Rule) -> ast.Rule:
+        self._resolved: dict[int, ast.OpPattern] = {}
+        bound: set[str] = set()
+        matches = []
+        if not rule.matches:
+            self.error(rule.span, f"rule '{rule.name}' has no 'match' clause")
+        for index, clause in enumerate(rule.matches):
+            if index == 0:
+                bound.add(clause.var)
+            elif clause.var not in bound:
+                self.error(
+                    clause.span,
+                    f"'{clause.var}' is not bound; a later 'match' walks from a value bound before it",
+                )
+            pattern = self.check_pattern(clause.pattern, bound)
+            matches.append(replace(clause, pattern=pattern))
+        scope = _Scope(frozenset(bound), frozenset())
+        for condition in rule.conditions:
+            _, scope = self._condition(condition.expr, scope, "'where'")
+        conditions = tuple(
+            replace(c, expr=_substitute_patterns(c.expr, self._resolved)) for c in rule.conditions
+        )
+        actions = []
+        for action in rule.actions:
+            actions.append(self._check_action(action, scope))
+            if isinstance(action, ast.BuildAction):
+                scope = scope.with_values(action.var)
+        if not rule.actions:
+            self.error(rule.span, f"rule '{rule.name}' has no 'rewrite' clause")
+        return replace(rule, matches=tuple(matches), conditions=conditions, actions=tuple(actions))
+
+    def _check_action(self, action: ast.Action, scope: _Scope) -> ast.Action:
+        if isinstance(action, ast.BuildAction):
+            self._check_build(action.build, scope, complete=True)
+            if action.var in scope.values:
+                self.error(action.span, f"'{action.var}' is already bound")
+            return action
+        if action.target not in scope.values:
+            self.error(action.span, f"'{action.target}' is not bound here")
+        replacement = action.replacement
+        if isinstance(replacement, ast.ValueRef):
+            self.check_expr(replacement, scope)
+        elif isinstance(replacement, ast.OpBuild):
+            self._check_build(replacement, scope, complete=True)
+        else:
+            if replacement.var not in scope.values:
+                self.error(replacement.span, f"'{replacement.var}' is not bound here")
+            for argument in replacement.arguments:
+                self.check_expr(argument.value, scope)
+        return action
+
+    def _check_build(self, build: ast.OpBuild, scope: _Scope, complete: bool) -> None:
+        signature = None
+        if self.schema is not None:
+            signature = self.schema.signature(build.op)
+            if signature is None:
+                self.error(
+                    build.span,
+                    f"unknown {self.schema.dialect} op '{build.op}'"
+                    + self._suggest(build.op, self.schema.op_types()),
+                )
+        given = set()
+        for argument in build.arguments:
+            given.add(argument.name)
+            self.check_expr(argument.value, scope)
+            if signature is not None and signature.input(argument.name) is None:
+                names = [i.name for i in signature.inputs]
+                self.error(
+                    argument.span,
+                    f"op '{build.op}' has no operand '{argument.name}'" + self._suggest(argument.name, names),
+                )
+        if signature is not None and complete:
+            missing = [i.name for i in signature.inputs if not i.optional and i.name not in given]
+            if missing:
+                self.error(build.span, f"op '{build.op}' needs operand(s) {', '.join(missing)}")
+
+
+def _substitute_patterns(expr, resolved: dict[int, ast.OpPattern]):
+    """Copy `expr` with each `Matches` pattern replaced by its resolved form."""
+    if isinstance(expr, ast.Matches):
+        return replace(expr, subject=_substitute_patterns(expr.subject, resolved),
+                       pattern=resolved.get(id(expr), expr.pattern))
+    if not hasattr(expr, "__dataclass_fields__"):
+        return expr
+    changes = {}
+    for name in expr.__dataclass_fields__:
+        child = getattr(expr, name)
+        if isinstance(child, tuple):
+            new = tuple(_substitute_patterns(c, resolved) for c in child)
+        elif hasattr(child, "__dataclass_fields__") and not isinstance(child, ast.Span):
+            new = _substitute_patterns(child, resolved)
+        else:
+            continue
+        if new is not child:
+            changes[name] = new
+    return replace(expr, **changes) if changes else expr
+

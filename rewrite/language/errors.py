@@ -1,0 +1,66 @@
+"""Diagnostics for rules files: `file:line:col`, the line, and a caret."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rewrite.language.ast import Span
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding about a rules file. `severity` is "error" or "warning"."""
+
+    span: Span
+    message: str
+    severity: str = "error"
+    source_line: str = ""
+
+    def render(self) -> str:
+        head = f"{self.span}: {self.severity}: {self.message}"
+        if not self.source_line:
+            return head
+        # Tabs would throw the caret off; show them as single spaces.
+        line = self.source_line.replace("\t", " ")
+        caret = " " * max(self.span.column - 1, 0) + "^"
+        return f"{head}\n  {line}\n  {caret}"
+
+
+class RuleError(Exception):
+    """A rules file could not be loaded. Carries every error found, in order."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = tuple(diagnostics)
+        super().__init__(self.render())
+
+    @property
+    def first(self) -> Diagnostic:
+        return self.diagnostics[0]
+
+    def render(self) -> str:
+        return "\n".join(d.render() for d in self.diagnostics)
+
+
+class SourceText:
+    """The text of one rules file, to quote lines back in diagnostics."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.text = text
+        self.lines = text.splitlines()
+
+    def line(self, number: int) -> str:
+        if 1 <= number <= len(self.lines):
+            return self.lines[number - 1]
+        return ""
+
+    def diagnostic(self, span: Span, message: str, severity: str = "error") -> Diagnostic:
+        return Diagnostic(span, message, severity, self.line(span.line))
+
+    def span_at(self, line: int, column: int) -> Span:
+        """A span at (line, column), clamped to a place that exists in the text."""
+        if not self.lines:
+            return Span(self.path, 1, 1)
+        line = min(max(line, 1), len(self.lines))
+        column = min(max(column, 1), len(self.line(line)) + 1)
+        return Span(self.path, line, column)

@@ -1,0 +1,403 @@
+"""grammar.lark -> lark tree -> AST.
+
+Parsing is lark's LALR(1); the `Transformer` below turns its tree into the
+frozen dataclasses of `rewrite.language.ast`. Syntax errors become a
+`RuleError` with `file:line:col`, the line, a caret and what was expected.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import lark
+from lark import Token, Transformer, v_args
+
+from rewrite import resources
+from rewrite.language import ast
+from rewrite.language.errors import RuleError, SourceText
+
+
+@functools.lru_cache(maxsize=1)
+def grammar_parser() -> lark.Lark:
+    """The lark parser for grammar.lark, built once per process."""
+    return lark.Lark(
+        resources.grammar_text(),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def parse_rules(text: str, path: str) -> ast.RuleFile:
+    """Parse the text of one rules file. Raises `RuleError` on a syntax error."""
+    source = SourceText(path, text)
+    try:
+        tree = grammar_parser().parse(text)
+    except lark.exceptions.UnexpectedInput as error:
+        raise RuleError([_syntax_diagnostic(error, source)]) from None
+    return _ToAst(source).transform(tree)
+
+
+# ------------------------------------------------------------ syntax errors
+
+# What a user should read for a terminal lark expected.
+_TERMINAL_WORDS = {
+    "VAR": "a value such as %x",
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "STRING": 'a string in double quotes',
+    "COMPARE": "a comparison",
+    "$END": "the end of the file",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _terminal_words() -> dict[str, str]:
+    words = dict(_TERMINAL_WORDS)
+    for terminal in grammar_parser().terminals:
+        if terminal.name not in words and isinstance(terminal.pattern, lark.lexer.PatternStr):
+            words[terminal.name] = f"'{terminal.pattern.value}'"
+    return words
+
+
+def _describe_expected(expected: set[str]) -> str:
+    words = _terminal_words()
+    names = sorted({words.get(name, name) for name in expected})
+    if not names:
+        return "something else"
+    if len(names) > 12:
+        names = names[:12] + ["..."]
+    return ", ".join(names)
+
+
+def _syntax_diagnostic(error: lark.exceptions.UnexpectedInput, source: SourceText):
+    line = getattr(error, "line", None) or 0
+    column = getattr(error, "column", None) or 0
+    if isinstance(error, lark.exceptions.UnexpectedToken):
+        token = error.token
+        if token.type == "$END":
+            span = _end_of_text(source)
+            found = "end of file"
+        else:
+            span = source.span_at(line, column)
+            found = repr(str(token))
+        message = f"unexpected {found}; expected {_describe_expected(set(error.expected))}"
+    elif isinstance(error, lark.exceptions.UnexpectedCharacters):
+        span = source.span_at(line, column)
+        character = source.line(span.line)[span.column - 1 : span.column] or "?"
+        allowed = set(error.allowed or ())
+        message = f"unexpected character {character!r}"
+        if allowed:
+            message += f"; expected {_describe_expected(allowed)}"
+    elif isinstance(error, lark.exceptions.UnexpectedEOF):
+        span = _end_of_text(source)
+        message = f"unexpected end of file; expected {_describe_expected(set(error.expected))}"
+    else:  # pragma: no cover - lark has no other UnexpectedInput kinds today
+        span = source.span_at(line, column)
+        message = str(error).splitlines()[0]
+    return source.diagnostic(span, message)
+
+
+def _end_of_text(source: SourceText) -> ast.Span:
+    if not source.lines:
+        return ast.Span(source.path, 1, 1)
+    return source.span_at(len(source.lines), len(source.lines[-1]) + 1)
+
+
+# ------------------------------------------------------------ tree -> AST
+
+
+def _unquote(token: Token) -> str:
+    return str(token)[1:-1]
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds AST nodes bottom-up; each method is one grammar alternative."""
+
+    def __init__(self, source: SourceText):
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta) -> ast.Span:
+        if getattr(meta, "empty", True):
+            return ast.Span(self.source.path, 1, 1)
+        return ast.Span(self.source.path, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _token_span(self, token: Token) -> ast.Span:
+        return ast.Span(self.source.path, token.line, token.column, token.end_line, token.end_column)
+
+    def _text(self, meta) -> str:
+        lines = self.source.lines[meta.line - 1 : meta.end_line]
+        if not lines:
+            return ""
+        if len(lines) == 1:
+            return lines[0][meta.column - 1 : meta.end_column - 1]
+        lines[0] = lines[0][meta.column - 1 :]
+        lines[-1] = lines[-1][: meta.end_column - 1]
+        return " ".join(line.strip() for line in lines)
+
+    # ---- top level
+
+    def start(self, meta, items):
+        dialect = None
+        dialect_span = None
+        imports, classes, rules = [], [], []
+        for item in items:
+            if isinstance(item, tuple) and item[0] == "dialect":
+                dialect, dialect_span = item[1], item[2]
+            elif isinstance(item, ast.Import):
+                imports.append(item)
+            elif isinstance(item, ast.OpClass):
+                classes.append(item)
+            else:
+                rules.append(item)
+        rules = [replace(rule, dialect=dialect or "") for rule in rules]
+        return ast.RuleFile(
+            self.source.path, dialect, dialect_span, tuple(imports), tuple(classes), tuple(rules)
+        )
+
+    def dialect_decl(self, meta, children):
+        (name,) = children
+        return ("dialect", str(name), self._token_span(name))
+
+    def import_all(self, meta, children):
+        (path,) = children
+        return ast.Import(_unquote(path), None, self._span(meta))
+
+    def import_names(self, meta, children):
+        names, path = children
+        return ast.Import(_unquote(path), names, self._span(meta))
+
+    def name_list(self, meta, children):
+        return tuple(str(child) for child in children)
+
+    def class_decl(self, meta, children):
+        name, *members = children
+        return ast.OpClass(str(name), tuple(str(m) for m in members), self._token_span(name))
+
+    def rule(self, meta, children):
+        name, description, *clauses = children
+        matches, conditions, actions = [], [], []
+        benefit = 0
+        for kind, value in clauses:
+            if kind == "match":
+                matches.append(value)
+            elif kind == "where":
+                conditions.append(value)
+            elif kind == "benefit":
+                benefit = value
+            else:
+                actions.extend(value)
+        return ast.Rule(
+            name=str(name),
+            description=_unquote(description),
+            dialect="",
+            matches=tuple(matches),
+            conditions=tuple(conditions),
+            actions=tuple(actions),
+            benefit=benefit,
+            span=self._token_span(name),
+        )
+
+    def match_clause(self, meta, children):
+        var, pattern = children
+        return ("match", ast.MatchClause(str(var), pattern, self._token_span(var)))
+
+    def where_clause(self, meta, children):
+        (expr,) = children
+        text = self._text(meta)[len("where") :].strip()
+        return ("where", ast.Condition(expr, text, self._span(meta)))
+
+    def benefit_clause(self, meta, children):
+        (value,) = children
+        return ("benefit", int(value))
+
+    def rewrite_clause(self, meta, children):
+        return ("rewrite", tuple(children))
+
+    # ---- patterns
+
+    def op_pattern(self, meta, children):
+        name, *operands, any_order = children
+        operands = tuple(o for o in operands if o is not None)
+        return ast.OpPattern(str(name), operands, any_order is not None, self._token_span(name))
+
+    def any_order(self, meta, children):
+        return True
+
+    def named_operand(self, meta, children):
+        name, pattern = children
+        return ast.Operand(str(name), pattern, False, self._token_span(name))
+
+    def positional_operand(self, meta, children):
+        (pattern,) = children
+        return ast.Operand(None, pattern, False, self._span(meta))
+
+    def rest_operand(self, meta, children):
+        (var,) = children
+        span = self._token_span(var)
+        return ast.Operand(None, ast.Bind(str(var), None, span), True, span)
+
+    def bind(self, meta, children):
+        (var,) = children
+        return ast.Bind(str(var), None, self._token_span(var))
+
+    def bind_op(self, meta, children):
+        var, pattern = children
+        return ast.Bind(str(var), pattern, self._token_span(var))
+
+    def anonymous_op(self, meta, children):
+        (pattern,) = children
+        return pattern
+
+    def wildcard(self, meta, children):
+        return ast.Wildcard(self._span(meta))
+
+    # ---- conditions
+
+    def _quantifier(self, kind, meta, children):
+        variable, domain, condition_filter, body = children
+        return ast.Quantifier(kind, str(variable), domain, condition_filter, body, self._span(meta))
+
+    def forall(self, meta, children):
+        return self._quantifier("forall", meta, children)
+
+    def exists(self, meta, children):
+        return self._quantifier("exists", meta, children)
+
+    def every_use(self, meta, children):
+        variable, of, body = children
+        return ast.EveryUse(str(variable), str(of), body, self._span(meta))
+
+    def or_(self, meta, children):
+        left, right = children
+        return ast.Or(left, right, self._span(meta))
+
+    def and_(self, meta, children):
+        left, right = children
+        return ast.And(left, right, self._span(meta))
+
+    def not_(self, meta, children):
+        (operand,) = children
+        return ast.Not(operand, self._span(meta))
+
+    def compare(self, meta, children):
+        left, operator, right = children
+        return ast.Compare(str(operator), left, right, self._token_span(operator))
+
+    def same_value(self, meta, children):
+        left, var = children
+        return ast.SameValue(left, str(var), False, self._span(meta))
+
+    def different_value(self, meta, children):
+        left, var = children
+        return ast.SameValue(left, str(var), True, self._span(meta))
+
+    def is_op(self, meta, children):
+        subject, pattern = children
+        return ast.Matches(subject, pattern, False, self._span(meta))
+
+    def is_not_op(self, meta, children):
+        subject, pattern = children
+        return ast.Matches(subject, pattern, True, self._span(meta))
+
+    def _arithmetic(self, operator, meta, children):
+        left, right = children
+        return ast.Arithmetic(operator, left, right, self._span(meta))
+
+    def add(self, meta, children):
+        return self._arithmetic("+", meta, children)
+
+    def subtract(self, meta, children):
+        return self._arithmetic("-", meta, children)
+
+    def multiply(self, meta, children):
+        return self._arithmetic("*", meta, children)
+
+    def divide(self, meta, children):
+        return self._arithmetic("/", meta, children)
+
+    def negate(self, meta, children):
+        (operand,) = children
+        span = self._span(meta)
+        return ast.Arithmetic("-", ast.Literal(0, span), operand, span)
+
+    def index(self, meta, children):
+        base, position = children
+        return ast.Index(base, position, self._span(meta))
+
+    def integer(self, meta, children):
+        return ast.Literal(int(children[0]), self._span(meta))
+
+    def real(self, meta, children):
+        return ast.Literal(float(children[0]), self._span(meta))
+
+    def string(self, meta, children):
+        return ast.Literal(_unquote(children[0]), self._span(meta))
+
+    def true(self, meta, children):
+        return ast.Literal(True, self._span(meta))
+
+    def false(self, meta, children):
+        return ast.Literal(False, self._span(meta))
+
+    def value_ref(self, meta, children):
+        return ast.ValueRef(str(children[0]), self._span(meta))
+
+    def name_ref(self, meta, children):
+        return ast.NameRef(str(children[0]), self._span(meta))
+
+    def call(self, meta, children):
+        name, *arguments = children
+        positional, keywords = [], []
+        for argument in arguments:
+            if argument is None:
+                continue
+            if argument[0] is None:
+                positional.append(argument[1])
+            else:
+                keywords.append(argument)
+        return ast.Call(str(name), tuple(positional), tuple(keywords), self._token_span(name))
+
+    def positional_argument(self, meta, children):
+        return (None, children[0])
+
+    def keyword_argument(self, meta, children):
+        name, value = children
+        return (str(name), value)
+
+    def list(self, meta, children):
+        return ast.ListExpr(tuple(c for c in children if c is not None), self._span(meta))
+
+    # ---- rewrites
+
+    def build(self, meta, children):
+        var, op_build = children
+        return ast.BuildAction(str(var), op_build, self._token_span(var))
+
+    def replace_with_value(self, meta, children):
+        target, source = children
+        return ast.ReplaceAction(
+            str(target), ast.ValueRef(str(source), self._token_span(source)), self._token_span(target)
+        )
+
+    def replace_with_op(self, meta, children):
+        target, op_build = children
+        return ast.ReplaceAction(str(target), op_build, self._token_span(target))
+
+    def rebuild(self, meta, children):
+        target, var, *arguments = children
+        rebuild = ast.Rebuild(str(var), tuple(arguments), self._token_span(var))
+        return ast.ReplaceAction(str(target), rebuild, self._token_span(target))
+
+    def op_build(self, meta, children):
+        name, *arguments = children
+        arguments = tuple(a for a in arguments if a is not None)
+        return ast.OpBuild(str(name), arguments, self._token_span(name))
+
+    def build_argument(self, meta, children):
+        name, value = children
+        return ast.Argument(str(name), value, self._token_span(name))

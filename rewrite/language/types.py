@@ -1,0 +1,110 @@
+"""The types of condition expressions, and the signatures of functions.
+
+Conditions are a closed language: every function a rule may call is either
+listed in `BUILTINS` or registered by an embedder (`rewrite.predicates`).
+The checker uses these signatures; the engine implements the builtins.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Type(enum.Enum):
+    BOOL = "bool"
+    NUMBER = "number"  # an int, a float, or a dim (possibly symbolic or unknown)
+    LIST = "list"
+    VALUE = "value"  # a value of the graph
+    STRING = "string"
+    ANY = "any"
+
+    def accepts(self, other: Type) -> bool:
+        return self is Type.ANY or other is Type.ANY or self is other
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    type: Type
+    keyword_only: bool = False
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A function's parameters, its result type, and a one-line doc."""
+
+    name: str
+    parameters: tuple[Parameter, ...]
+    result: Type
+    doc: str = ""
+
+    @property
+    def positional(self) -> tuple[Parameter, ...]:
+        return tuple(p for p in self.parameters if not p.keyword_only)
+
+    @property
+    def keywords(self) -> dict[str, Parameter]:
+        return {p.name: p for p in self.parameters if p.keyword_only}
+
+
+def _signature(name: str, parameters: str, result: Type, doc: str) -> Signature:
+    """`parameters` reads like "value, axis:number, *of:value"."""
+    parsed = []
+    for part in filter(None, (p.strip() for p in parameters.split(","))):
+        keyword_only = part.startswith("*")
+        part = part.lstrip("*")
+        pname, _, ptype = part.partition(":")
+        parsed.append(Parameter(pname, Type(ptype or pname), keyword_only))
+    return Signature(name, tuple(parsed), result, doc)
+
+
+BUILTINS: dict[str, Signature] = {
+    s.name: s
+    for s in [
+        _signature("rank", "value", Type.NUMBER, "The rank of a value; unknown if its rank is."),
+        _signature("dim", "value, axis:number", Type.NUMBER,
+                   "The dim of a value at an axis (negative axes count from the end)."),
+        _signature("shape", "value", Type.LIST, "The dims of a value."),
+        _signature("axes", "value", Type.LIST, "[0, 1, ..., rank-1] of a value."),
+        _signature("aligned_dim", "value, axis:number, *of:value", Type.NUMBER,
+                   "The dim of a value at `axis` of `of`, both right-aligned as numpy "
+                   "broadcasting aligns them; 1 where the value has no such axis."),
+        _signature("is_const", "value", Type.BOOL, "The value is a compile-time constant."),
+        _signature("const", "value", Type.ANY,
+                   "The value's constant, as a number or a (nested) list."),
+        _signature("is_symbolic", "dim:number", Type.BOOL, "The dim is a symbol."),
+        _signature("is_known", "dim:number", Type.BOOL, "The dim is a literal int."),
+        _signature("dtype", "value", Type.STRING, 'The dtype name, such as "fp32".'),
+        _signature("use_count", "value", Type.NUMBER,
+                   "How many distinct ops use the value (block outputs not counted)."),
+        _signature("one_use", "value", Type.BOOL,
+                   "Exactly one op uses the value, and it is no block output."),
+        _signature("block_output", "value", Type.BOOL,
+                   "The value is an output of a block (a function output included)."),
+        _signature("same_block", "value, other:value", Type.BOOL,
+                   "The two values are defined in the same block."),
+        _signature("op_type", "value", Type.STRING,
+                   "The type of the op producing the value; unknown for inputs."),
+        _signature("len", "list", Type.NUMBER, "The length of a list."),
+        _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),
+        _signature("abs", "x:number", Type.NUMBER, "The absolute value."),
+        _signature("mod", "x:number, y:number", Type.NUMBER, "x modulo y."),
+    ]
+}
+
+# Bare names a rule may use in an expression, with their types.
+NAMED_CONSTANTS: dict[str, tuple[Type, object]] = {
+    **{
+        name: (Type.STRING, name)
+        for name in (
+            "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+            "fp16", "fp32", "fp64", "bf16",
+        )
+    },
+    "inf": (Type.NUMBER, float("inf")),
+    "nan": (Type.NUMBER, float("nan")),
+}
