@@ -136,6 +136,8 @@ class Evaluator:
 
     def _quantifier(self, expr: ast.Quantifier, env: Environment) -> Truth:
         domain = self.value(expr.domain, env)
+        if isinstance(domain, tuple):  # the operands a rest operand bound
+            domain = list(domain)
         if not isinstance(domain, list):
             return Truth.UNKNOWN
         forall = expr.kind == "forall"
@@ -376,7 +378,7 @@ def _op_type(adapter, value):
 
 
 def _len(adapter, items):
-    return UNKNOWN if not isinstance(items, list) else len(items)
+    return len(items) if isinstance(items, (list, tuple)) else UNKNOWN
 
 
 def _range(adapter, stop):

@@ -283,7 +283,9 @@ class Checker:
         return signature.result, scope
 
     def _expr_Quantifier(self, expr: ast.Quantifier, scope):
-        self._expect(expr.domain, scope, Type.LIST, f"the domain of '{expr.kind}'")
+        domain, _ = self.check_expr(expr.domain, scope)
+        if domain not in (Type.LIST, Type.VALUE, Type.ANY):  # a value here: a rest operand's tuple
+            self.error(expr.domain.span, f"the domain of '{expr.kind}' must be list, not {domain}")
         inner = scope.with_name(expr.variable)
         if expr.filter is not None:
             _, inner = self._condition(expr.filter, inner, f"'{expr.kind} ... where'")

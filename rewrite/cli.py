@@ -1,0 +1,208 @@
+"""The `rewrite` command line.
+
+    rewrite apply [--rules FILE_OR_DIR ...] INPUT -o OUTPUT
+    rewrite check RULES...
+
+User mistakes (a bad rules file, a missing or corrupt model) end with exit
+code 2 and our own message, never a traceback. Outputs are written to a
+temporary path beside the destination and moved into place only when
+complete, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """A mistake in what the user gave us; printed as one line, exit 2."""
+
+
+def _quiet_third_party() -> None:
+    # coremltools prints import-time warnings on Linux and tqdm progress bars
+    # from its pass pipelines; neither is ours to show. TQDM_DISABLE must be
+    # set before tqdm is first imported.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rewrite",
+        description="Rule-based graph rewriting for Core ML (MIL) models.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    apply = commands.add_parser("apply", help="rewrite a model with rules")
+    apply.add_argument("input", metavar="INPUT", help="an .mlpackage")
+    apply.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the rewritten model")
+    apply.add_argument(
+        "--rules", action="append", metavar="FILE_OR_DIR",
+        help="a .rules file or a folder of them (repeatable; default: the shipped library)",
+    )
+    apply.add_argument("--rule", action="append", metavar="NAME", help="apply only this rule (repeatable)")
+    apply.add_argument("--in-place", action="store_true", help="overwrite INPUT with the result")
+    apply.add_argument("--max-sweeps", type=int, default=None, metavar="N",
+                       help="give up when rules still fire after N sweeps")
+    apply.add_argument("--stats", action="store_true", help="also print attempts and time per rule")
+    apply.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
+    check = commands.add_parser("check", help="parse and check rules files")
+    check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_third_party()
+    arguments = _parser().parse_args(argv)
+    try:
+        if arguments.command == "apply":
+            return _apply(arguments)
+        return _check(arguments)
+    except UserError as error:
+        print(f"rewrite: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("rewrite: interrupted", file=sys.stderr)
+        return 130
+
+
+def _load_rules(paths):
+    import rewrite
+
+    try:
+        return rewrite.load_rules(*paths)
+    except rewrite.RuleError as error:
+        print(error.render(), file=sys.stderr)
+        raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
+
+
+def _check(arguments) -> int:
+    for path in arguments.rules:
+        if not Path(path).exists():
+            raise UserError(f"{path}: no such file or directory")
+    import rewrite
+
+    try:
+        rule_set = rewrite.load_rules(*arguments.rules)
+    except rewrite.RuleError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_FINDINGS
+    for warning in rule_set.warnings:
+        print(warning.render(), file=sys.stderr)
+    print(f"{len(rule_set.rules)} rule(s) in {len(rule_set.files)} file(s): ok")
+    return EXIT_OK
+
+
+def _model_kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".mlpackage", ".mlmodel"):
+        return "mil"
+    if suffix == ".onnx":
+        raise UserError(f"{path}: ONNX models are not supported yet")
+    raise UserError(f"{path}: unknown model format (expected an .mlpackage)")
+
+
+def _apply(arguments) -> int:
+    source = Path(arguments.input)
+    if not source.exists():
+        raise UserError(f"{source}: no such file or directory")
+    if arguments.in_place:
+        if arguments.output and Path(arguments.output).resolve() != source.resolve():
+            raise UserError("--in-place writes to INPUT; do not also give -o")
+        destination = source
+    else:
+        if not arguments.output:
+            raise UserError("no output given: use -o OUTPUT (or --in-place to overwrite INPUT)")
+        destination = Path(arguments.output)
+        if destination.resolve() == source.resolve():
+            raise UserError(f"{destination}: refusing to overwrite the input; use --in-place")
+    kind = _model_kind(source)
+    if _model_kind(destination) != kind:
+        raise UserError(f"{destination}: the output must have the same format as the input")
+    if not destination.parent.exists():
+        raise UserError(f"{destination.parent}: no such directory")
+
+    rule_set = _load_rules(arguments.rules or [])
+    if arguments.rule:
+        try:
+            rule_set = rule_set.only(*arguments.rule)
+        except KeyError as error:
+            raise UserError(error.args[0]) from None
+
+    from rewrite.backends import mil
+
+    try:
+        program, spec = mil.load_mlpackage(source)
+    except mil.MilError as error:
+        raise UserError(str(error)) from None
+    ops_before = mil.count_ops(program)
+
+    import rewrite
+
+    options = {} if arguments.max_sweeps is None else {"max_sweeps": arguments.max_sweeps}
+    try:
+        statistics = rule_set.apply(program, **options)
+    except rewrite.RewriteLimitError as error:
+        raise UserError(str(error)) from None
+    ops_after = mil.count_ops(program)
+
+    _write_atomically(destination, lambda path: mil.save_mlpackage(program, path, spec))
+    _report(arguments, statistics, source, destination, ops_before, ops_after)
+    return EXIT_OK
+
+
+def _report(arguments, statistics, source, destination, ops_before, ops_after) -> None:
+    if arguments.json:
+        document = {
+            "input": str(source),
+            "output": str(destination),
+            "ops_before": ops_before,
+            "ops_after": ops_after,
+            **statistics.as_dict(),
+        }
+        print(json.dumps(document, indent=2))
+        return
+    width = max((len(name) for name in statistics.rules), default=0)
+    for name, rule in statistics.rules.items():
+        line = f"{name:<{width}}  fired {rule.fires}"
+        if arguments.stats:
+            line += f"  tried {rule.attempts}  {rule.seconds * 1000:.2f} ms"
+        print(line)
+    print(f"wrote {destination} ({ops_before} -> {ops_after} ops)")
+
+
+def _write_atomically(destination: Path, write) -> None:
+    """Write through `write(temporary_path)`, then move the result into place."""
+    parent = destination.parent.resolve()
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=parent))
+    temporary = staging / destination.name
+    try:
+        try:
+            write(temporary)
+        except Exception as error:  # coremltools raises many kinds; all mean "could not save"
+            raise UserError(f"{destination}: could not write the model ({error})") from None
+        backup = None
+        if destination.exists():
+            backup = staging / (destination.name + ".old")
+            os.replace(destination, backup)
+        os.replace(temporary, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

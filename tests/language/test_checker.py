@@ -1,0 +1,136 @@
+"""Checking: names, bindings, types and the backend's op schema, each reported at file:line:col."""
+
+from __future__ import annotations
+
+import pytest
+
+import rewrite
+from rewrite import RuleError
+
+GOOD = """
+dialect mil
+class binary = add | mul
+rule r "d"
+  match %t = tile(x=%x, reps=%reps)
+  where every use %u of %t: %u is binary(%t, %other) in any order and rank(%other) == 2
+  rewrite %t -> %x
+"""
+
+
+def test_a_good_file_loads(write_rules):
+    rule_set = rewrite.load_rules(write_rules(GOOD))
+    (rule,) = rule_set.rules
+    assert rule.anchor.pattern.types == frozenset({"tile"})
+
+
+def _error(write_rules, text):
+    path = write_rules(text)
+    with pytest.raises(RuleError) as raised:
+        rewrite.load_rules(path)
+    return raised.value, path
+
+
+@pytest.mark.parametrize(
+    "line, replacement, message, column",
+    [
+        (4, '  match %t = tlie(x=%x, reps=%reps)', "unknown mil op or class 'tlie'; did you mean 'tile'?", 14),
+        (4, '  match %t = tile(z=%x, reps=%reps)', "op 'tile' has no operand 'z'", 19),
+        (5, '  where rank(%y) == 2', "'%y' is not bound here", 14),
+        (5, '  where rank(3) == 2', "argument 'value' of 'rank' must be value, not number", 14),
+        (5, '  where rnak(%x) == 2', "unknown function 'rnak'; did you mean 'rank'?", 9),
+        (5, '  where rank(%x)', "an operand of 'where' must be bool, not number", 9),
+        (5, '  where %x == 2', "a graph value cannot be compared", 9),
+        (5, '  where forall i in 3: i == 1', "the domain of 'forall' must be list, not number", 21),
+        (5, '  where dim(%x, axis) == 1', "unknown name 'axis'", 17),
+        (5, '  where aligned_dim(%x, 0) == 1', "'aligned_dim' needs the keyword argument 'of='", 9),
+        (6, '  rewrite %t -> %nothing', "'%nothing' is not bound here", 17),
+        (6, '  rewrite %t -> tile(x=%x)', "op 'tile' needs operand(s) reps", 17),
+        (2, 'class binary = add | mull', "class 'binary': unknown mil op 'mull'; did you mean 'mul'?", 7),
+    ],
+)
+def test_errors_name_the_place(write_rules, line, replacement, message, column):
+    lines = GOOD.strip("\n").splitlines()
+    lines[line - 1] = replacement
+    error, path = _error(write_rules, "\n".join(lines) + "\n")
+    diagnostic = error.first
+    assert message in diagnostic.message
+    assert diagnostic.span.line == line
+    assert diagnostic.span.column == column
+    rendered = str(error)
+    assert f":{line}:{column}: error:" in rendered
+    assert replacement.strip() in rendered
+    assert "^" in rendered
+
+
+def test_missing_dialect(write_rules):
+    error, _ = _error(write_rules, 'rule r "d" match %t = tile(x=%x, reps=%r) rewrite %t -> %x\n')
+    assert "missing 'dialect' declaration" in error.first.message
+
+
+def test_unknown_dialect(write_rules):
+    error, _ = _error(write_rules, "dialect tflite\n")
+    assert "unknown dialect 'tflite'" in error.first.message
+
+
+def test_imports_resolve_relative_to_the_file(write_rules):
+    write_rules("dialect mil\nclass unary = exp | log\n", "classes.rules")
+    path = write_rules(
+        'dialect mil\nimport unary from "classes.rules"\n'
+        'rule r "d" match %y = unary(x=%x) rewrite %y -> %x\n'
+    )
+    (rule,) = rewrite.load_rules(path).rules
+    assert rule.anchor.pattern.types == frozenset({"exp", "log"})
+
+
+def test_import_of_a_missing_class_or_file(write_rules):
+    write_rules("dialect mil\nclass unary = exp | log\n", "classes.rules")
+    error, _ = _error(write_rules, 'dialect mil\nimport binary from "classes.rules"\nimport "nope.rules"\n')
+    messages = [d.message for d in error.diagnostics]
+    assert any("has no class 'binary'" in m for m in messages)
+    assert any("cannot import" in m and "nope.rules" in m for m in messages)
+
+
+def test_import_cycle(write_rules):
+    write_rules('dialect mil\nimport "b.rules"\nclass a = exp\n', "a.rules")
+    path = write_rules('dialect mil\nimport "a.rules"\nclass b = log\n', "b.rules")
+    error, _ = _error(write_rules, 'dialect mil\nimport "b.rules"\n')
+    assert any("import cycle" in d.message for d in error.diagnostics)
+    del path
+
+
+def test_duplicate_rule_names(write_rules):
+    text = 'dialect mil\nrule r "d" match %t = tile(x=%x, reps=%r) rewrite %t -> %x\n' * 2
+    error, _ = _error(write_rules, text)
+    assert "already defined" in error.first.message
+
+
+def test_negated_patterns_bind_nothing(write_rules):
+    error, _ = _error(write_rules, """
+        dialect mil
+        rule r "d"
+          match %t = tile(x=%x, reps=%r)
+          where not (%x is exp(x=%inner)) and rank(%inner) == 1
+          rewrite %t -> %x
+        """)
+    assert "'%inner' is not bound here" in error.first.message
+
+
+def test_registered_predicates_are_known_only_once_registered(write_rules):
+    text = 'dialect mil\nrule r "d" match %t = tile(x=%x, reps=%r) where is_weight(%x) rewrite %t -> %x\n'
+    error, _ = _error(write_rules, text)
+    assert "unknown function 'is_weight'" in error.first.message
+    rewrite.register_predicate("is_weight", "value")(lambda context, value: True)
+    try:
+        assert len(rewrite.load_rules(write_rules(text)).rules) == 1
+    finally:
+        rewrite.unregister_predicate("is_weight")
+
+
+def test_every_error_is_reported(write_rules):
+    error, _ = _error(write_rules, """
+        dialect mil
+        rule a "d" match %t = tlie(x=%x) rewrite %t -> %x
+        rule b "d" match %t = tile(x=%x, reps=%r) where rank(%q) == 1 rewrite %t -> %x
+        """)
+    assert len(error.diagnostics) == 2
+    assert [d.span.line for d in error.diagnostics] == [2, 3]
