@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rewrite import backends, resources
 from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Statistics

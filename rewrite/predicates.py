@@ -16,8 +16,9 @@ or None for "unknown". Only True lets a rule fire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rewrite.language.types import BUILTINS, Parameter, Signature, Type
 

@@ -13,8 +13,9 @@ import functools
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,8 +72,16 @@ class MilSchema:
             ops.setdefault(name, op_class)
         return ops
 
-    @functools.lru_cache(maxsize=None)
     def signature(self, op_type: str) -> OpSignature | None:
+        if op_type not in self._signatures:
+            self._signatures[op_type] = self._read_signature(op_type)
+        return self._signatures[op_type]
+
+    @functools.cached_property
+    def _signatures(self) -> dict[str, OpSignature | None]:
+        return {}
+
+    def _read_signature(self, op_type: str) -> OpSignature | None:
         op_class = self._registry.get(op_type)
         if op_class is None:
             return None
@@ -341,6 +350,7 @@ def save_mlpackage(program: Program, path: str | os.PathLike, spec=None) -> None
         inputs = _input_types(spec)
     else:
         target = max((f.opset_version for f in program.functions.values()), default=None)
+        inputs = _default_input_types(program)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = ct.convert(
@@ -354,6 +364,26 @@ def save_mlpackage(program: Program, path: str | os.PathLike, spec=None) -> None
         if spec is not None:
             model.get_spec().description.metadata.CopyFrom(spec.description.metadata)
         model.save(str(path))
+
+
+# Core ML needs a finite upper bound for a flexible dim; without a model spec
+# to copy bounds from, a symbolic dim may take any size up to this.
+DEFAULT_UPPER_BOUND = 65536
+
+
+def _default_input_types(program: Program):
+    function = program.functions.get("main")
+    if function is None or len(program.functions) != 1:
+        return None
+    inputs = []
+    for name, var in function.inputs.items():
+        if not types.is_tensor(var.sym_type):
+            return None
+        dims = tuple(
+            ct.RangeDim(1, DEFAULT_UPPER_BOUND) if is_symbolic(d) else int(d) for d in var.shape
+        )
+        inputs.append(ct.TensorType(name=name, shape=ct.Shape(dims)))
+    return inputs
 
 
 def _input_types(spec):

@@ -10,7 +10,7 @@ to compare a program before and after a rewrite.
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -47,6 +47,14 @@ def _infer_block(block: Block) -> None:
         _infer_op(op)
 
 
+def _plain_bool(var) -> None:
+    # Programs read back from an .mlpackage hold scalar bools as numpy.bool_,
+    # which coremltools' reduce kernels pass to numpy >= 2 as `keepdims=`,
+    # where numpy rejects it. A Python bool means the same and is accepted.
+    if types.is_scalar(var.sym_type) and var.dtype == types.bool and var.val is not None:
+        var._sym_val.val = bool(var.val)
+
+
 def _set_value(var, value) -> None:
     value = np.asarray(value, dtype=types.nptype_from_builtin(var.dtype))
     if types.is_tensor(var.sym_type):
@@ -59,6 +67,9 @@ def _set_value(var, value) -> None:
 
 
 def _infer_op(op: Operation) -> None:
+    if op.op_type == "const":
+        _plain_bool(op.outputs[0])
+        return
     if op.op_type == "while_loop":
         condition_block, body_block = op.blocks
         values = [v.val for v in op.inputs["loop_vars"]]

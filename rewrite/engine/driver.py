@@ -10,8 +10,8 @@ later ones. The result is deterministic: nothing depends on hashing order.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from rewrite.engine.conditions import Evaluator
 from rewrite.engine.interfaces import Adapter, Block, Op

@@ -7,8 +7,9 @@ values and blocks as opaque handles: it only hashes them, compares them with
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 
 class Truth(enum.Enum):
@@ -68,7 +67,7 @@ class _UnknownDim:
 UNKNOWN = _UnknownDim()
 """The unknown scalar: an unknown dim, or a constant that could not be read."""
 
-Dim = Union[int, Symbol, _UnknownDim]
+Dim = int | Symbol | _UnknownDim
 
 
 def is_literal(dim: object) -> bool:

@@ -9,8 +9,8 @@ values for rest operands); a binding step copies before it extends.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import permutations
-from typing import Iterator
 
 from rewrite.engine.interfaces import Adapter, Op, Value
 from rewrite.language import ast

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from rewrite.engine.conditions import Evaluator
 from rewrite.engine.interfaces import Adapter, Op

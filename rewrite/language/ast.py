@@ -219,10 +219,10 @@ class EveryUse:
     span: Span = field(compare=False)
 
 
-Expr = Union[
-    Literal, ValueRef, NameRef, ListExpr, Index, Arithmetic, Compare, And, Or, Not,
-    SameValue, Matches, Call, Quantifier, EveryUse,
-]
+Expr = (
+    Literal | ValueRef | NameRef | ListExpr | Index | Arithmetic | Compare | And | Or | Not
+    | SameValue | Matches | Call | Quantifier | EveryUse
+)
 
 
 # ----------------------------------------------------------------- rewrites
@@ -271,7 +271,7 @@ class ReplaceAction:
     span: Span = field(compare=False)
 
 
-Action = Union[BuildAction, ReplaceAction]
+Action = BuildAction | ReplaceAction
 
 
 # -------------------------------------------------------------------- rules

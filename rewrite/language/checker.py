@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, replace
+
 from rewrite.engine.interfaces import OpSchema, OpSignature
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText

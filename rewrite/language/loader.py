@@ -8,9 +8,9 @@ files are collected before it raises, so one run shows every mistake.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from rewrite.engine.interfaces import OpSchema
 from rewrite.language import ast

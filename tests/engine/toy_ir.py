@@ -54,8 +54,8 @@ class Value:
     shape: tuple | None
     dtype: str = "fp32"
     constant: np.ndarray | None = None
-    producer: "Op | None" = None
-    block: "Block | None" = None
+    producer: Op | None = None
+    block: Block | None = None
     uses: list = field(default_factory=list)
 
 
@@ -64,7 +64,7 @@ class Op:
     type: str
     inputs: dict
     outputs: list
-    block: "Block | None" = None
+    block: Block | None = None
     blocks: list = field(default_factory=list)
     name: str = ""
 

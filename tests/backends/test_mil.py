@@ -1,0 +1,176 @@
+"""The MIL adapter, .mlpackage I/O and the coremltools pass integration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rewrite
+from rewrite.backends.mil import (
+    SCHEMA,
+    MilAdapter,
+    MilError,
+    count_ops,
+    ct,
+    load_mlpackage,
+    mb,
+    register_graph_pass,
+    save_mlpackage,
+)
+from rewrite.backends.mil_reference import evaluate
+from rewrite.engine.logic import Symbol
+
+TILES = rewrite.load_rules().only("remove_broadcast_tiles")
+
+
+def _symbolic_program():
+    from coremltools.converters.mil.mil import get_new_symbol
+
+    batch = get_new_symbol()
+    weight = np.arange(32, dtype=np.float32).reshape(8, 4) / 32
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(batch, 8)), mb.TensorSpec(shape=(batch, 1))],
+                opset_version=ct.target.iOS18)
+    def program(x, y):
+        wide = mb.tile(x=y, reps=[1, 8], name="wide")
+        product = mb.mul(x=x, y=wide, name="product")
+        return mb.matmul(x=product, y=weight, name="out")
+
+    return program
+
+
+def test_schema_reads_the_coremltools_registry():
+    tile = SCHEMA.signature("tile")
+    assert [i.name for i in tile.inputs] == ["x", "reps"]
+    concat = SCHEMA.signature("concat")
+    assert concat.input("values").variadic and not concat.input("values").optional
+    assert SCHEMA.signature("cond").input("_true_fn") is None  # python plumbing is not an operand
+    assert SCHEMA.signature("tlie") is None
+    assert "scaled_dot_product_attention" in SCHEMA.op_types()
+
+
+def test_adapter_view_of_a_program():
+    program = _symbolic_program()
+    adapter = MilAdapter(program)
+    (function,) = adapter.top_blocks()
+    tile, mul, matmul = [op for op in adapter.operations(function) if op.op_type != "const"]
+    wide = adapter.outputs(tile)[0]
+    y = adapter.operand(tile, "x")
+    assert adapter.producer(y) is None and adapter.defining_block(y) is function
+    assert adapter.consumers(wide) == [mul]
+    shape = adapter.shape(wide)
+    assert isinstance(shape[0], Symbol) and shape[1] == 8
+    assert adapter.dtype(wide) == "fp32"
+    np.testing.assert_array_equal(adapter.constant(adapter.operand(tile, "reps")), [1, 8])
+    assert adapter.constant(wide) is None
+    assert adapter.is_block_output(adapter.outputs(matmul)[0])
+    assert not adapter.is_block_output(wide)
+
+
+def test_round_trip_through_mlpackage_keeps_program_weights_and_target(tmp_path):
+    program = _symbolic_program()
+    path = tmp_path / "model.mlpackage"
+    save_mlpackage(program, path)
+    loaded, spec = load_mlpackage(path)
+    assert spec.specificationVersion == ct.target.iOS18
+    assert count_ops(loaded, "tile") == 1 and count_ops(loaded, "matmul") == 1
+    inputs = {"x": np.random.default_rng(0).normal(size=(3, 8)), "y": np.ones((3, 1))}
+    np.testing.assert_allclose(evaluate(loaded, inputs)["out"], evaluate(program, inputs)["out"], rtol=1e-6)
+
+    statistics = TILES.apply(loaded)
+    assert statistics.fired("remove_broadcast_tiles") == 1
+    loaded.validate()
+    again = tmp_path / "again.mlpackage"
+    save_mlpackage(loaded, again, spec)
+    reloaded, respec = load_mlpackage(again)
+    assert respec.specificationVersion == spec.specificationVersion
+    assert count_ops(reloaded, "tile") == 0
+    assert count_ops(reloaded) == count_ops(loaded)
+    np.testing.assert_allclose(evaluate(reloaded, inputs)["out"], evaluate(program, inputs)["out"], rtol=1e-6)
+
+
+def test_saving_without_rules_changes_nothing(tmp_path):
+    path = tmp_path / "a.mlpackage"
+    save_mlpackage(_symbolic_program(), path)
+    first, spec = load_mlpackage(path)
+    save_mlpackage(first, tmp_path / "b.mlpackage", spec)
+    second, _ = load_mlpackage(tmp_path / "b.mlpackage")
+    # The milproto frontend mints fresh symbols and block names on each load; all else is equal.
+    assert _without_symbols(first) == _without_symbols(second)
+
+
+def _without_symbols(program) -> str:
+    import re
+
+    text = re.sub(r"\bis\d+\b", "SYMBOL", str(program))
+    return re.sub(r"\bblock\d+\b", "BLOCK", text)
+
+
+def test_function_output_keeps_its_name():
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 8)), mb.TensorSpec(shape=(4, 1))],
+                opset_version=ct.target.iOS18)
+    def program(x, y):
+        wide = mb.tile(x=y, reps=[1, 8], name="wide")
+        return mb.add(x=x, y=wide, name="result")
+
+    inputs = {"x": np.ones((4, 8)), "y": np.arange(4.0).reshape(4, 1)}
+    before = evaluate(program, inputs)
+    rules_text = rewrite.load_rules()
+    del rules_text
+    adapter = MilAdapter(program)
+    function = program.functions["main"]
+    add = [op for op in function.operations if op.op_type == "add"][0]
+    x = adapter.operand(add, "x")
+    new = adapter.build("sub", {"x": x, "y": 0.0}, add, "subtract_zero")
+    adapter.replace_all_uses(adapter.outputs(add)[0], new)
+    assert [v.name for v in function.outputs] == ["result"]
+    program.validate()
+    after = evaluate(program, inputs)
+    assert list(after) == ["result"]
+    assert after["result"].shape == before["result"].shape
+
+
+def test_missing_and_corrupt_packages_are_clear_errors(tmp_path):
+    with pytest.raises(MilError, match="no such file"):
+        load_mlpackage(tmp_path / "nothing.mlpackage")
+    broken = tmp_path / "broken.mlpackage"
+    broken.mkdir()
+    (broken / "Manifest.json").write_text("{ not json")
+    with pytest.raises(MilError, match="broken.mlpackage"):
+        load_mlpackage(broken)
+
+
+def test_rule_set_as_a_coremltools_pass_in_a_pipeline():
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
+
+    name = register_graph_pass(TILES, "rewrite_tests::remove_broadcast_tiles")
+    pipeline = PassPipeline.EMPTY
+    pipeline.append_pass(name)
+    pipeline.append_pass("common::dead_code_elimination")
+    program = _symbolic_program()
+    inputs = {"x": np.random.default_rng(1).normal(size=(2, 8)), "y": np.full((2, 1), 3.0)}
+    before = evaluate(program, inputs)["out"]
+    PassPipelineManager.apply_pipeline(program, pipeline)
+    assert count_ops(program, "tile") == 0
+    np.testing.assert_allclose(evaluate(program, inputs)["out"], before, rtol=1e-6)
+    with pytest.raises(ValueError):
+        register_graph_pass(TILES, "no_namespace")
+
+
+def test_a_pass_inside_ct_convert(tmp_path):
+    register_graph_pass(TILES, "rewrite_tests::tiles_in_convert")
+    pipeline = ct.PassPipeline.EMPTY
+    pipeline.append_pass("rewrite_tests::tiles_in_convert")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 8)), mb.TensorSpec(shape=(4, 1))],
+                opset_version=ct.target.iOS18)
+    def program(x, y):
+        return mb.add(x=x, y=mb.tile(x=y, reps=[1, 8]), name="out")
+
+    model = ct.convert(program, convert_to="mlprogram", pass_pipeline=pipeline,
+                       minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
+    model.save(str(tmp_path / "m.mlpackage"))
+    loaded, _ = load_mlpackage(tmp_path / "m.mlpackage")
+    assert count_ops(loaded, "tile") == 0
+    inputs = {"x": np.ones((4, 8)), "y": np.arange(4.0).reshape(4, 1)}
+    np.testing.assert_allclose(evaluate(loaded, inputs)["out"], np.ones((4, 8)) + np.arange(4.0).reshape(4, 1))

@@ -1,0 +1,138 @@
+"""The `rewrite` command: exit codes, messages, clean output, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rewrite.backends.mil import count_ops, load_mlpackage
+from rewrite.backends.mil_reference import evaluate
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "rmsnorm_symbolic.mlpackage"
+
+
+def run(*arguments, cwd=None):
+    environment = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    return subprocess.run(
+        [sys.executable, "-m", "rewrite.cli", *map(str, arguments)],
+        capture_output=True, text=True, cwd=cwd or REPO, env=environment, timeout=300,
+    )
+
+
+@pytest.fixture
+def example(tmp_path):
+    copy = tmp_path / "model.mlpackage"
+    shutil.copytree(EXAMPLE, copy)
+    return copy
+
+
+def test_apply_on_the_bundled_example(example, tmp_path):
+    output = tmp_path / "out.mlpackage"
+    result = run("apply", example, "-o", output)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # no coremltools import noise, no progress bars
+    assert "remove_broadcast_tiles  fired 1" in result.stdout
+    before, _ = load_mlpackage(example)
+    after, _ = load_mlpackage(output)
+    assert count_ops(before, "tile") == 1 and count_ops(after, "tile") == 0
+    assert count_ops(after) == count_ops(before) - 2  # the tile and its reps
+    for rows in (1, 6):
+        inputs = {"x": np.random.default_rng(rows).normal(size=(rows, 8))}
+        np.testing.assert_allclose(evaluate(after, inputs)["y"], evaluate(before, inputs)["y"], rtol=1e-6)
+
+
+def test_json_statistics(example, tmp_path):
+    result = run("apply", example, "-o", tmp_path / "out.mlpackage", "--json")
+    document = json.loads(result.stdout)
+    assert document["rules"]["remove_broadcast_tiles"]["fires"] == 1
+    assert document["ops_before"] - document["ops_after"] == 2
+
+
+def test_input_is_never_overwritten_unless_asked(example):
+    result = run("apply", example, "-o", example)
+    assert result.returncode == 2
+    assert "refusing to overwrite the input" in result.stderr
+    assert count_ops(load_mlpackage(example)[0], "tile") == 1
+    result = run("apply", example, "--in-place")
+    assert result.returncode == 0, result.stderr
+    assert count_ops(load_mlpackage(example)[0], "tile") == 0
+
+
+def test_a_bad_rules_file_is_exit_2_with_file_line_col(example, tmp_path):
+    rules = tmp_path / "bad.rules"
+    rules.write_text('dialect mil\nrule r "d"\n  match %t = tlie(x=%x)\n  rewrite %t -> %x\n')
+    output = tmp_path / "out.mlpackage"
+    result = run("apply", "--rules", rules, example, "-o", output)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{rules}:3:14: error: unknown mil op or class 'tlie'" in result.stderr
+    assert "\n" + " " * (2 + 13) + "^\n" in result.stderr
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("make_input, message", [
+    (lambda d: d / "missing.mlpackage", "no such file or directory"),
+    (lambda d: _corrupt(d), "not a Core ML model"),
+    (lambda d: _write(d / "model.onnx", b"\x00garbage"), "ONNX models are not supported yet"),
+    (lambda d: _write(d / "model.txt", b"hello"), "unknown model format"),
+])
+def test_bad_inputs_are_one_line_and_leave_nothing_behind(tmp_path, make_input, message):
+    source = make_input(tmp_path)
+    output = tmp_path / ("out" + (source.suffix or ".mlpackage"))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run("apply", source, "-o", output)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _corrupt(directory: Path) -> Path:
+    path = directory / "corrupt.mlpackage"
+    path.mkdir()
+    (path / "Manifest.json").write_text('{"truncated": ')
+    return path
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_failed_save_leaves_no_partial_output(example, tmp_path, monkeypatch):
+    from rewrite import cli
+    from rewrite.backends import mil
+
+    def failing_save(program, path, spec=None):
+        Path(path).mkdir()
+        (Path(path) / "partial").write_text("half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mil, "save_mlpackage", failing_save)
+    output = tmp_path / "out.mlpackage"
+    assert cli.main(["apply", str(example), "-o", str(output)]) == 2
+    assert not output.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model.mlpackage"]
+
+
+def test_unknown_rule_name(example, tmp_path):
+    result = run("apply", example, "-o", tmp_path / "o.mlpackage", "--rule", "no_such_rule")
+    assert result.returncode == 2 and "no rule named 'no_such_rule'" in result.stderr
+
+
+def test_check_command(tmp_path):
+    assert run("check", REPO / "rules").returncode == 0
+    bad = tmp_path / "bad.rules"
+    bad.write_text('dialect mil\nrule r "d" match %t = tile(z=%x) rewrite %t -> %x\n')
+    result = run("check", bad)
+    assert result.returncode == 1
+    assert f"{bad}:2:28: error: op 'tile' has no operand 'z'" in result.stderr
