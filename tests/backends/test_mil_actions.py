@@ -1,0 +1,85 @@
+"""Rewrite actions on MIL: new ops before the anchor, rebuilding the anchor, output names."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import rewrite
+from rewrite.backends.mil import count_ops, ct, mb
+from rewrite.backends.mil_reference import evaluate
+
+WIDEN_SELECT = """
+dialect mil
+rule widen_select_operand "select's a operand is widened to b's shape by adding zeros"
+  match %s = select(cond=%c, a=%a, b=%b)
+  where rank(%a) < rank(%b)
+  rewrite
+    %zero = fill_like(ref_tensor=%b, value=0.0)
+    %wide = add(x=%a, y=%zero)
+    %s -> %s with a=%wide
+"""
+
+SQUARE = """
+dialect mil
+rule square_as_pow "mul(x, x) becomes pow(x, 2)"
+  match %m = mul(x=%x, y=%x)
+  rewrite %m -> pow(x=%x, y=2.0)
+"""
+
+
+def _select_program():
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 8), dtype=ct.converters.mil.mil.types.bool),
+                             mb.TensorSpec(shape=(8,)), mb.TensorSpec(shape=(4, 8))],
+                opset_version=ct.target.iOS18)
+    def program(mask, a, b):
+        return mb.select(cond=mask, a=a, b=b, name="picked")
+
+    return program
+
+
+def test_build_before_the_anchor_and_rebuild_it(write_rules):
+    program = _select_program()
+    rng = np.random.default_rng(0)
+    inputs = {"mask": rng.random((4, 8)) > 0.5, "a": rng.normal(size=8), "b": rng.normal(size=(4, 8))}
+    before = evaluate(program, inputs)
+    statistics = rewrite.load_rules(write_rules(WIDEN_SELECT)).apply(program)
+    program.validate()
+    assert statistics.fired("widen_select_operand") == 1
+    assert count_ops(program, "select") == 1 and count_ops(program, "fill_like") == 1
+    assert count_ops(program, "add") == 1
+    function = program.functions["main"]
+    assert [v.name for v in function.outputs] == ["picked"]  # the output keeps its name
+    (select,) = [op for op in function.operations if op.op_type == "select"]
+    assert select.a.op.op_type == "add" and select.a.shape == (4, 8)
+    assert select.name.startswith("widen_select_operand")  # new ops carry the rule's name
+    # Rebuilt ops come before their uses, so the program still reads in order.
+    order = [op.op_type for op in function.operations if op.op_type != "const"]
+    assert order.index("fill_like") < order.index("add") < order.index("select")
+    after = evaluate(program, inputs)
+    np.testing.assert_array_equal(after["picked"], before["picked"])
+    # Once widened, the rule no longer applies.
+    assert rewrite.load_rules(write_rules(WIDEN_SELECT)).apply(program).fires == 0
+
+
+def test_replace_with_a_new_op_and_literal_operands(write_rules):
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3,))], opset_version=ct.target.iOS18)
+    def program(x):
+        return mb.add(x=mb.mul(x=x, y=x), y=1.0, name="out")
+
+    inputs = {"x": np.array([1.0, -2.0, 3.0])}
+    before = evaluate(program, inputs)["out"]
+    statistics = rewrite.load_rules(write_rules(SQUARE)).apply(program)
+    program.validate()
+    assert statistics.fired("square_as_pow") == 1
+    assert count_ops(program, "mul") == 0 and count_ops(program, "pow") == 1
+    np.testing.assert_allclose(evaluate(program, inputs)["out"], before)
+
+
+def test_negative_mul_of_two_values_is_left_alone(write_rules):
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3,)), mb.TensorSpec(shape=(3,))],
+                opset_version=ct.target.iOS18)
+    def program(x, y):
+        return mb.mul(x=x, y=y, name="out")
+
+    assert rewrite.load_rules(write_rules(SQUARE)).apply(program).fires == 0
+    assert count_ops(program, "mul") == 1
