@@ -148,10 +148,17 @@ class Evaluator:
             inner[expr.variable] = element
             self._scope.append((expr.variable, str(element)))
             try:
-                selected = Truth.YES if expr.filter is None else self.truth(expr.filter, inner)
+                selected, scope = Truth.YES, inner
+                if expr.filter is not None:
+                    # A pattern in the filter binds for the body. A filter that
+                    # fails only skips this element; it is no failure to report.
+                    failure = self.failure
+                    selected, scope = self._all(conjuncts(expr.filter), inner)
+                    self.failure = failure
                 if selected is Truth.NO:
                     continue
-                body = self.truth(expr.body, inner)
+                # An unknown filter leaves its bindings unmade: the body is unknown too.
+                body = Truth.UNKNOWN if scope is None else self.truth(expr.body, scope)
             finally:
                 self._scope.pop()
             if forall:

@@ -137,7 +137,9 @@ class Checker:
             return self.check_pattern(pattern, bound)
         bound.add(pattern.var)
         if pattern.producer is not None:
-            return replace(pattern, producer=self.check_pattern(pattern.producer, bound))
+            producer = self.check_pattern(pattern.producer, bound)
+            self._var_types[pattern.var] = producer.types
+            return replace(pattern, producer=producer)
         return pattern
 
     # ------------------------------------------------------------ expressions
@@ -305,6 +307,7 @@ class Checker:
 
     def check_rule(self, rule: ast.Rule) -> ast.Rule:
         self._resolved: dict[int, ast.OpPattern] = {}
+        self._var_types: dict[str, frozenset[str]] = {}  # %v -> op types a pattern matched it to
         bound: set[str] = set()
         matches = []
         if not rule.matches:
@@ -318,6 +321,7 @@ class Checker:
                     f"'{clause.var}' is not bound; a later 'match' walks from a value bound before it",
                 )
             pattern = self.check_pattern(clause.pattern, bound)
+            self._var_types[clause.var] = pattern.types
             matches.append(replace(clause, pattern=pattern))
         scope = _Scope(frozenset(bound), frozenset())
         for condition in rule.conditions:
@@ -350,8 +354,16 @@ class Checker:
         else:
             if replacement.var not in scope.values:
                 self.error(replacement.span, f"'{replacement.var}' is not bound here")
+            elif replacement.var not in self._var_types:
+                self.error(replacement.span, f"'{replacement.var}' was not matched by an op pattern; "
+                           "'with' rebuilds a matched op")
             for argument in replacement.arguments:
                 self.check_expr(argument.value, scope)
+                for signature in self._signatures(self._var_types.get(replacement.var, frozenset())):
+                    if signature.input(argument.name) is None:
+                        names = [i.name for i in signature.inputs]
+                        self.error(argument.span, f"op '{signature.op_type}' has no operand '{argument.name}'"
+                                   + self._suggest(argument.name, names))
         return action
 
     def _check_build(self, build: ast.OpBuild, scope: _Scope, complete: bool) -> None:

@@ -20,8 +20,9 @@ class Diagnostic:
         head = f"{self.span}: {self.severity}: {self.message}"
         if not self.source_line:
             return head
-        # Tabs would throw the caret off; show them as single spaces.
-        line = self.source_line.replace("\t", " ")
+        # Tabs and other control characters would throw the caret off; show
+        # each as a single space.
+        line = "".join(" " if not c.isprintable() else c for c in self.source_line)
         caret = " " * max(self.span.column - 1, 0) + "^"
         return f"{head}\n  {line}\n  {caret}"
 
@@ -47,7 +48,12 @@ class SourceText:
     def __init__(self, path: str, text: str):
         self.path = path
         self.text = text
-        self.lines = text.splitlines()
+        # Lines as lark counts them: split at "\n" only (str.splitlines would
+        # also split at form feeds and the like that comments may contain).
+        self.lines = text.split("\n")
+        if self.lines and self.lines[-1] == "":
+            self.lines.pop()
+        self.lines = [line.removesuffix("\r") for line in self.lines]
 
     def line(self, number: int) -> str:
         if 1 <= number <= len(self.lines):

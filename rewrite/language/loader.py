@@ -52,8 +52,10 @@ class _Loader:
         if path in self.parsed:
             return self.parsed[path][0]
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
+            # newline="": keep "\r" as written, so lines number as lark counts them.
+            with open(path, encoding="utf-8", newline="") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a NUL in the path
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
             if cited_at is None:
                 self.diagnostics.append(Diagnostic(ast.Span(str(path), 1, 1), f"cannot read rules file: {reason}"))
@@ -75,6 +77,9 @@ class _Loader:
         """The classes a file can use: its own, and those it imports."""
         visible: dict[str, ast.OpClass] = {}
         for imported in rule_file.imports:
+            if "\x00" in imported.path:
+                self.diagnostics.append(source.diagnostic(imported.span, "a path cannot contain a NUL character"))
+                continue
             target = (path.parent / imported.path).resolve()
             if target in stack:
                 self.diagnostics.append(source.diagnostic(imported.span, f"import cycle through '{imported.path}'"))

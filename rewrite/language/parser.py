@@ -36,7 +36,12 @@ def parse_rules(text: str, path: str) -> ast.RuleFile:
         tree = grammar_parser().parse(text)
     except lark.exceptions.UnexpectedInput as error:
         raise RuleError([_syntax_diagnostic(error, source)]) from None
-    return _ToAst(source).transform(tree)
+    try:
+        return _ToAst(source).transform(tree)
+    except lark.exceptions.VisitError as error:
+        if isinstance(error.orig_exc, RuleError):
+            raise error.orig_exc from None
+        raise
 
 
 # ------------------------------------------------------------ syntax errors
@@ -213,7 +218,7 @@ class _ToAst(Transformer):
 
     def benefit_clause(self, meta, children):
         (value,) = children
-        return ("benefit", int(value))
+        return ("benefit", self._int(value))
 
     def rewrite_clause(self, meta, children):
         return ("rewrite", tuple(children))
@@ -329,8 +334,14 @@ class _ToAst(Transformer):
         base, position = children
         return ast.Index(base, position, self._span(meta))
 
+    def _int(self, token: Token) -> int:
+        # Python refuses to convert very long digit strings; no rule needs one.
+        if len(token) > 30:
+            raise RuleError([self.source.diagnostic(self._token_span(token), "integer literal too large")])
+        return int(token)
+
     def integer(self, meta, children):
-        return ast.Literal(int(children[0]), self._span(meta))
+        return ast.Literal(self._int(children[0]), self._span(meta))
 
     def real(self, meta, children):
         return ast.Literal(float(children[0]), self._span(meta))

@@ -201,3 +201,23 @@ def test_registered_predicates_decide(write_rules):
         assert graph.count("exp") == 1
     finally:
         rewrite.unregister_predicate("named_x")
+
+
+def test_patterns_in_a_quantifier_filter_bind_for_its_body(write_rules):
+    text = """
+    dialect toy
+    rule add_of_negated "add(a, neg(y)) where y is not the add itself becomes sub(a, y)"
+      match %s = add(x=%a, y=%b)
+      where forall i in [0] where %b is neg(x=%y): %y is not %s
+      where %b is neg(x=%y)
+      rewrite %s -> sub(x=%a, y=%y)
+    """
+    graph = Graph()
+    a, y = graph.input("a", (3,)), graph.input("y", (3,))
+    graph.main.outputs = [graph.op("add", x=a, y=graph.op("neg", x=y, shape=(3,)), shape=(3,))]
+    inputs = {"a": np.array([1.0, 2.0, 3.0]), "y": np.array([0.5, 0.5, 4.0])}
+    before = evaluate(graph, inputs)[0]
+    statistics = _apply(write_rules, text, graph)
+    assert statistics.fired("add_of_negated") == 1
+    assert graph.count("add") == 0 and graph.count("neg") == 0 and graph.count("sub") == 1
+    np.testing.assert_allclose(evaluate(graph, inputs)[0], before)

@@ -134,3 +134,10 @@ def test_every_error_is_reported(write_rules):
         """)
     assert len(error.diagnostics) == 2
     assert [d.span.line for d in error.diagnostics] == [2, 3]
+
+
+def test_rebuild_operands_are_checked_against_the_schema(write_rules):
+    text = 'dialect mil\nrule r "d" match %t = tile(x=%x, reps=%r) rewrite %t -> %t with bogus=1\n'
+    error, _ = _error(write_rules, text)
+    assert "op 'tile' has no operand 'bogus'" in error.first.message
+    assert (error.first.span.line, error.first.span.column) == (2, 65)
