@@ -45,7 +45,7 @@ def test_apply_on_the_bundled_example(example, tmp_path):
     assert count_ops(before, "tile") == 1 and count_ops(after, "tile") == 0
     assert count_ops(after) == count_ops(before) - 2  # the tile and its reps
     for rows in (1, 6):
-        inputs = {"x": np.random.default_rng(rows).normal(size=(rows, 8))}
+        inputs = {"x": np.random.default_rng(rows).normal(size=(rows, 16))}
         np.testing.assert_allclose(evaluate(after, inputs)["y"], evaluate(before, inputs)["y"], rtol=1e-6)
 
 

@@ -23,7 +23,8 @@ def test_wheel_installs_and_runs_from_another_directory(tmp_path):
     environment = tmp_path / "venv"
     venv.create(environment, system_site_packages=True, with_pip=True)
     python = environment / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+    # --ignore-installed: the same version may already sit in the system site-packages.
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
                    check=True, capture_output=True, timeout=600)
 
     elsewhere = tmp_path / "elsewhere"

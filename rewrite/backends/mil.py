@@ -8,6 +8,7 @@ pymil program that validates and serialises as any other.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sympy
 
 from rewrite.engine.interfaces import InputSpec, OpSignature
 from rewrite.engine.logic import UNKNOWN, Symbol
@@ -40,6 +42,7 @@ ct = _import_coremltools()
 
 from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var, types  # noqa: E402
+from coremltools.converters.mil.mil import block as _block_module  # noqa: E402
 from coremltools.converters.mil.mil.input_type import TupleInputType  # noqa: E402
 from coremltools.converters.mil.mil.ops.registry import SSAOpRegistry  # noqa: E402
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic  # noqa: E402
@@ -107,9 +110,31 @@ SCHEMA = MilSchema()
 def _dim(dim) -> Any:
     if isinstance(dim, (int, np.integer)):
         return UNKNOWN if dim < 0 else int(dim)
+    if isinstance(dim, sympy.Symbol):
+        return Symbol(dim.name)  # str() would run sympy's printer: ~150 µs a call
     if is_symbolic(dim):
-        return Symbol(str(dim))
+        return Symbol(_expression_name(dim))
     return UNKNOWN
+
+
+@functools.lru_cache(maxsize=4096)
+def _expression_name(expression) -> str:
+    return str(expression)
+
+
+@contextlib.contextmanager
+def _in_block(block: Block):
+    """Make `block` the builder's current block, like `with block:` but cheap.
+
+    Leaving a `with block:` walks every op of the block to refresh
+    coremltools' non-replaceable-var marks; doing that per rewrite makes a
+    run quadratic. `MilAdapter.finish` refreshes them once instead.
+    """
+    _block_module.BLOCK_STACK.append(block)
+    try:
+        yield block
+    finally:
+        _block_module.BLOCK_STACK.pop()
 
 
 class MilAdapter:
@@ -229,7 +254,7 @@ class MilAdapter:
         block = before.enclosing_block
         builder = getattr(mb, op_type)
         arguments = {k: _operand(v) for k, v in operands.items() if v is not None}
-        with block:
+        with _in_block(block):
             result = builder(**arguments, before_op=before, name=self._unique_name(name))
         return result[0] if isinstance(result, (list, tuple)) else result
 
@@ -264,7 +289,7 @@ class MilAdapter:
             if id(new) in function_inputs or id(new) in function_outputs:
                 # A function output must keep its own name, and an input's or
                 # another output's name cannot be given away: bridge with identity.
-                with block:
+                with _in_block(block):
                     new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
         consumers = self.consumers(old)
         anchor = old.op
@@ -282,11 +307,15 @@ class MilAdapter:
         for op in consumers:
             if op.enclosing_block is None:
                 continue
-            with op.enclosing_block:
+            with _in_block(op.enclosing_block):
                 op.type_value_inference(overwrite_output=True)
 
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
+
+    def finish(self) -> None:
+        for function in self.program.functions.values():
+            function._propagate_nonreplaceable_vars()
 
 
 def _operand(value):

@@ -95,14 +95,17 @@ class Driver:
 
     def run(self) -> Statistics:
         """Sweep until no rule fires. Raises `RewriteLimitError` at the cap."""
-        for _ in range(self.max_sweeps):
-            self.statistics.sweeps += 1
-            fired: list[str] = []
-            for block in self.adapter.top_blocks():
-                self._sweep(block, fired)
-            if not fired:
-                return self.statistics
-        raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
+        try:
+            for _ in range(self.max_sweeps):
+                self.statistics.sweeps += 1
+                fired: list[str] = []
+                for block in self.adapter.top_blocks():
+                    self._sweep(block, fired)
+                if not fired:
+                    return self.statistics
+            raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
+        finally:
+            self.adapter.finish()
 
     def _sweep(self, block: Block, fired: list[str]) -> None:
         adapter = self.adapter

@@ -134,3 +134,6 @@ class Adapter(Protocol):
 
     def remove_op(self, op: Op) -> None:
         """Remove an op none of whose outputs is used."""
+
+    def finish(self) -> None:
+        """Called once when a run ends: settle bookkeeping deferred during it."""

@@ -215,6 +215,9 @@ class ToyAdapter:
         for block in _all_blocks(self.graph.main):
             block.outputs = [new if v is old else v for v in block.outputs]
 
+    def finish(self):
+        pass
+
     def remove_op(self, op):
         for value in _flat(op.inputs.values()):
             value.uses = [u for u in value.uses if u is not op]
