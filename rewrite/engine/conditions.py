@@ -33,7 +33,7 @@ class Failure:
 
     expr: Any
     truth: Truth
-    bindings: tuple[tuple[str, str], ...]  # quantifier variables and uses in force
+    bindings: tuple[tuple[str, Any], ...]  # quantifier variables and uses in force, unformatted
 
 
 def conjuncts(expr) -> list:
@@ -52,7 +52,9 @@ class Evaluator:
         self.predicates = predicates
         self.context = PredicateContext(adapter)
         self.failure: Failure | None = None
-        self._scope: list[tuple[str, str]] = []
+        # Quantifier variables in force, kept raw: formatting them is only
+        # worth it when a failure is reported, not on every iteration.
+        self._scope: list[tuple[str, Any]] = []
 
     # ---------------------------------------------------------------- truth
 
@@ -146,7 +148,7 @@ class Evaluator:
         inner = dict(env)
         for element in domain:
             inner[expr.variable] = element
-            self._scope.append((expr.variable, str(element)))
+            self._scope.append((expr.variable, element))
             try:
                 selected, scope = Truth.YES, inner
                 if expr.filter is not None:
@@ -176,7 +178,7 @@ class Evaluator:
 
     def _fail_in_scope(self, expr, truth, variable, element) -> None:
         if self.failure is None:
-            self.failure = Failure(expr, truth, tuple(self._scope) + ((variable, str(element)),))
+            self.failure = Failure(expr, truth, tuple(self._scope) + ((variable, element),))
 
     def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
         value = env[expr.of]
@@ -185,7 +187,7 @@ class Evaluator:
         for consumer in self.adapter.consumers(value):
             outputs = self.adapter.outputs(consumer)
             inner[expr.variable] = outputs[0] if outputs else None
-            self._scope.append((expr.variable, self.adapter.op_name(consumer)))
+            self._scope.append((expr.variable, consumer))
             try:
                 result = result & self.truth(expr.body, inner)
             finally:
