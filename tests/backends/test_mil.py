@@ -115,8 +115,6 @@ def test_function_output_keeps_its_name():
 
     inputs = {"x": np.ones((4, 8)), "y": np.arange(4.0).reshape(4, 1)}
     before = evaluate(program, inputs)
-    rules_text = rewrite.load_rules()
-    del rules_text
     adapter = MilAdapter(program)
     function = program.functions["main"]
     add = [op for op in function.operations if op.op_type == "add"][0]
