@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,4 +67,4 @@ def shipped_rules_path() -> Path:
     return resources.rules_path()
 
 
-__all__: Sequence[str] = ["RuleSet", "load_rules", "shipped_rules_path"]
+__all__ = ["RuleSet", "load_rules", "shipped_rules_path"]

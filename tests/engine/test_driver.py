@@ -41,11 +41,10 @@ def _apply(write_rules, text, graph):
 
 def _negation_chain(length):
     graph = Graph()
-    value = x = graph.input("x", (4,))
+    value = graph.input("x", (4,))
     for _ in range(length):
         value = graph.op("neg", x=value, shape=(4,))
     graph.main.outputs = [graph.op("exp", x=value, shape=(4,))]
-    del x
     return graph
 
 

@@ -92,10 +92,9 @@ def test_import_of_a_missing_class_or_file(write_rules):
 
 def test_import_cycle(write_rules):
     write_rules('dialect mil\nimport "b.rules"\nclass a = exp\n', "a.rules")
-    path = write_rules('dialect mil\nimport "a.rules"\nclass b = log\n', "b.rules")
+    write_rules('dialect mil\nimport "a.rules"\nclass b = log\n', "b.rules")
     error, _ = _error(write_rules, 'dialect mil\nimport "b.rules"\n')
     assert any("import cycle" in d.message for d in error.diagnostics)
-    del path
 
 
 def test_duplicate_rule_names(write_rules):
