@@ -6,7 +6,7 @@
 """
 
 from rewrite.api import RuleSet, load_rules, shipped_rules_path
-from rewrite.engine.driver import RewriteLimitError, Statistics
+from rewrite.engine.driver import RewriteLimitError, Statistics, UnsoundRewriteError
 from rewrite.language.errors import Diagnostic, RuleError
 from rewrite.predicates import register_predicate, unregister_predicate
 
@@ -19,5 +19,6 @@ __all__ = [
     "load_rules",
     "register_predicate",
     "shipped_rules_path",
+    "UnsoundRewriteError",
     "unregister_predicate",
 ]

@@ -33,13 +33,18 @@ class RuleSet:
                 raise KeyError(f"no rule named '{name}'")
         return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files)
 
-    def apply(self, program: Any, *, max_sweeps: int = DEFAULT_MAX_SWEEPS) -> Statistics:
+    def apply(
+        self, program: Any, *, max_sweeps: int = DEFAULT_MAX_SWEEPS, check_types: bool = False
+    ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
         `program` is a coremltools MIL `Program`. Raises `RewriteLimitError`
-        if rules are still firing after `max_sweeps` sweeps.
+        if rules are still firing after `max_sweeps` sweeps. With
+        `check_types`, every rewrite re-derives its consumers' types and a
+        change raises `UnsoundRewriteError` naming the rule (slower; for
+        developing and testing rules).
         """
-        adapter = backends.adapter_for(program)
+        adapter = backends.adapter_for(program, check_types=check_types)
         return self.apply_with(adapter, max_sweeps=max_sweeps)
 
     def apply_with(self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS) -> Statistics:

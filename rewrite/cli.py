@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--in-place", action="store_true", help="overwrite INPUT with the result")
     apply.add_argument("--max-sweeps", type=int, default=None, metavar="N",
                        help="give up when rules still fire after N sweeps")
+    apply.add_argument("--check-types", action="store_true",
+                       help="re-derive types after each rewrite and stop at a rule that changes one")
     apply.add_argument("--stats", action="store_true", help="also print attempts and time per rule")
     apply.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
@@ -153,10 +155,12 @@ def _apply(arguments) -> int:
 
     import rewrite
 
-    options = {} if arguments.max_sweeps is None else {"max_sweeps": arguments.max_sweeps}
+    options = {"check_types": arguments.check_types}
+    if arguments.max_sweeps is not None:
+        options["max_sweeps"] = arguments.max_sweeps
     try:
         statistics = rule_set.apply(program, **options)
-    except rewrite.RewriteLimitError as error:
+    except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
         raise UserError(str(error)) from None
     ops_after = mil.count_ops(program)
 

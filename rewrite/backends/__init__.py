@@ -28,12 +28,12 @@ def schema_for(dialect: str):
     return None if module is None else module.SCHEMA
 
 
-def adapter_for(program: Any):
+def adapter_for(program: Any, *, check_types: bool = False):
     """An adapter over `program`, chosen by its type."""
     kind = type(program)
     if kind.__module__.startswith("coremltools"):
         from rewrite.backends.mil import MilAdapter, Program
 
         if isinstance(program, Program):
-            return MilAdapter(program)
+            return MilAdapter(program, check_types=check_types)
     raise TypeError(f"no backend for a {kind.__module__}.{kind.__name__}")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.engine.interfaces import InputSpec, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
 
 
@@ -117,6 +117,17 @@ def _dim(dim) -> Any:
     return UNKNOWN
 
 
+@functools.lru_cache(maxsize=65536)
+def _shape_of_type(sym_type):
+    # Type classes are immutable and shared, and types.is_tensor is slow
+    # (it builds a type-info record each call): convert each type once.
+    if types.is_tensor(sym_type):
+        return tuple(_dim(d) for d in sym_type.get_shape())
+    if types.is_scalar(sym_type):
+        return ()
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _expression_name(expression) -> str:
     return str(expression)
@@ -142,9 +153,18 @@ class MilAdapter:
 
     dialect = DIALECT
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, check_types: bool = False):
+        """`check_types`: after each replacement, re-infer the consumers and
+        raise `TypeChangedError` if an output's dtype, rank or a literal dim
+        changed. A sound rule never trips it; rule tests turn it on."""
         self.program = program
+        self.check_types = check_types
         self._names: set[str] | None = None
+        # coremltools marks vars downstream of constexpr_* ops as
+        # non-replaceable; with no such op the marks are all empty and need
+        # no refresh after a rewrite.
+        self._has_constexpr = False
+        self._changed = False
         self._input_blocks: dict[int, Block] = {}
         for function in program.functions.values():
             self._index_inputs(function)
@@ -154,6 +174,8 @@ class MilAdapter:
         for var in inputs:
             self._input_blocks[id(var)] = block
         for op in block.operations:
+            if op.op_type.startswith("constexpr_"):
+                self._has_constexpr = True
             for nested in op.blocks:
                 self._index_inputs(nested)
 
@@ -226,12 +248,7 @@ class MilAdapter:
         return bool(value.consuming_blocks)
 
     def shape(self, value: Var):
-        sym_type = value.sym_type
-        if types.is_tensor(sym_type):
-            return tuple(_dim(d) for d in sym_type.get_shape())
-        if types.is_scalar(sym_type):
-            return ()
-        return None
+        return _shape_of_type(value.sym_type)
 
     def dtype(self, value: Var) -> str | None:
         try:
@@ -253,6 +270,8 @@ class MilAdapter:
     def build(self, op_type: str, operands: dict[str, Any], before: Operation, name: str) -> Var:
         block = before.enclosing_block
         builder = getattr(mb, op_type)
+        self._changed = True
+        self._has_constexpr = self._has_constexpr or op_type.startswith("constexpr_")
         arguments = {k: _operand(v) for k, v in operands.items() if v is not None}
         with _in_block(block):
             result = builder(**arguments, before_op=before, name=self._unique_name(name))
@@ -280,6 +299,7 @@ class MilAdapter:
                 self._collect_names(nested)
 
     def replace_all_uses(self, old: Var, new: Var) -> None:
+        self._changed = True
         block = self.defining_block(old)
         function_outputs = {
             id(v) for f in self.program.functions.values() for v in f.outputs
@@ -299,23 +319,48 @@ class MilAdapter:
         if id(old) in function_outputs:
             # coremltools gave `new` the output's name; the old var must not keep it too.
             old.name = old.name + "_replaced"
-        self._reinfer(consumers)
+        if self.check_types:
+            self._check_consumers(consumers)
 
-    def _reinfer(self, consumers: Sequence[Operation]) -> None:
-        # Operand types changed under these ops; their own outputs must come out
-        # the same for a sound rule, and re-inference keeps the IR honest.
+    def _check_consumers(self, consumers: Sequence[Operation]) -> None:
+        # The rule's conditions are what prove that consumers compute the same
+        # thing; this re-derives their output types to catch a rule whose
+        # conditions do not. Symbol names may change; nothing else may.
         for op in consumers:
             if op.enclosing_block is None:
                 continue
+            before = [(self.dtype(v), self.shape(v)) for v in op.outputs]
             with _in_block(op.enclosing_block):
                 op.type_value_inference(overwrite_output=True)
+            after = [(self.dtype(v), self.shape(v)) for v in op.outputs]
+            for (old_dtype, old_shape), (new_dtype, new_shape), var in zip(before, after, op.outputs):
+                if old_dtype != new_dtype or not _same_known_dims(old_shape, new_shape):
+                    raise TypeChangedError(
+                        f"op '{op.name}' output '{var.name}' changed from "
+                        f"{_describe(old_dtype, old_shape)} to {_describe(new_dtype, new_shape)}"
+                    )
 
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
 
     def finish(self) -> None:
-        for function in self.program.functions.values():
-            function._propagate_nonreplaceable_vars()
+        if self._changed and self._has_constexpr:
+            for function in self.program.functions.values():
+                function._propagate_nonreplaceable_vars()
+        self._changed = False
+
+
+def _same_known_dims(left, right) -> bool:
+    if left is None or right is None:
+        return left is right
+    if len(left) != len(right):
+        return False
+    return all(not (isinstance(a, int) and isinstance(b, int)) or a == b for a, b in zip(left, right))
+
+
+def _describe(dtype, shape) -> str:
+    dims = "?" if shape is None else ", ".join(str(d) for d in shape)
+    return f"{dtype}({dims})"
 
 
 def _operand(value):

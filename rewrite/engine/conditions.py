@@ -55,70 +55,79 @@ class Evaluator:
         # Quantifier variables in force, kept raw: formatting them is only
         # worth it when a failure is reported, not on every iteration.
         self._scope: list[tuple[str, Any]] = []
+        # id(value) -> (value, its constant as a flat list); the value is kept
+        # so its id cannot be reused while cached.
+        self._constants: dict[int, tuple[Any, list | None]] = {}
 
     # ---------------------------------------------------------------- truth
 
     def holds(self, exprs: list, env: Environment) -> tuple[Truth, Environment | None]:
         """Evaluate a conjunction. On YES, also return the environment that made it hold."""
         self.failure = None
+        self._constants.clear()
         return self._all(exprs, env)
 
-    def _all(self, items: list, env: Environment) -> tuple[Truth, Environment | None]:
-        if not items:
-            return Truth.YES, env
-        head, rest = items[0], items[1:]
-        if isinstance(head, ast.And):
-            return self._all(conjuncts(head) + rest, env)
-        if isinstance(head, ast.Matches) and not head.negated:
-            result = Truth.NO
-            for extended in self._match(head, env):
-                truth, final = self._all(rest, extended)
-                if truth is Truth.YES:
-                    return truth, final
-                result = result | truth
-            if result is Truth.NO and self.failure is None:
-                self._fail(head, Truth.NO)
-            return result, None
-        truth = self.truth(head, env)
-        if truth is not Truth.YES:
-            self._fail(head, truth)
-            if truth is Truth.NO:
-                return truth, None
-        rest_truth, final = self._all(rest, env)
-        return truth & rest_truth, (final if truth is Truth.YES else None)
+    def _all(self, items: list, env: Environment, start: int = 0) -> tuple[Truth, Environment | None]:
+        """The conjunction of items[start:], left to right; a pattern binds for what follows it."""
+        result = Truth.YES
+        for position in range(start, len(items)):
+            head = items[position]
+            if type(head) is ast.And:
+                return self._all(items[:position] + conjuncts(head) + items[position + 1 :], env, position)
+            if type(head) is ast.Matches and not head.negated:
+                # Existential over the ways the pattern matches: the first way
+                # that makes the rest hold wins.
+                best = Truth.NO
+                for extended in self._match(head, env):
+                    truth, final = self._all(items, extended, position + 1)
+                    if truth is Truth.YES:
+                        return result, (final if result is Truth.YES else None)
+                    best = best | truth
+                if best is Truth.NO and self.failure is None:
+                    self._fail(head, Truth.NO)
+                return result & best, None
+            truth = self.truth(head, env)
+            if truth is not Truth.YES:
+                self._fail(head, truth)
+                if truth is Truth.NO:
+                    return truth, None
+                result = Truth.UNKNOWN
+        return result, (env if result is Truth.YES else None)
 
     def _fail(self, expr, truth: Truth) -> None:
         if self.failure is None:
             self.failure = Failure(expr, truth, tuple(self._scope))
 
     def truth(self, expr, env: Environment) -> Truth:
-        if isinstance(expr, ast.And):
-            return self._all(conjuncts(expr), env)[0]
-        if isinstance(expr, ast.Or):
-            left = self.truth(expr.left, env)
-            if left is Truth.YES:
-                return left
-            return left | self.truth(expr.right, env)
-        if isinstance(expr, ast.Not):
-            return ~self.truth(expr.operand, env)
-        if isinstance(expr, ast.Compare):
-            return self._compare(expr, env)
-        if isinstance(expr, ast.SameValue):
-            same = Truth.of(self.value(expr.left, env) == env[expr.var])
-            return ~same if expr.negated else same
-        if isinstance(expr, ast.Matches):
-            found = Truth.of(any(True for _ in self._match(expr, env)))
-            return ~found if expr.negated else found
-        if isinstance(expr, ast.Quantifier):
-            return self._quantifier(expr, env)
-        if isinstance(expr, ast.EveryUse):
-            return self._every_use(expr, env)
+        method = self._truth_of.get(type(expr))
+        if method is not None:
+            return method(self, expr, env)
         value = self.value(expr, env)
         if isinstance(value, Truth):
             return value
         if isinstance(value, bool):
             return Truth.of(value)
         return Truth.UNKNOWN
+
+    def _and(self, expr: ast.And, env: Environment) -> Truth:
+        return self._all(conjuncts(expr), env)[0]
+
+    def _or(self, expr: ast.Or, env: Environment) -> Truth:
+        left = self.truth(expr.left, env)
+        if left is Truth.YES:
+            return left
+        return left | self.truth(expr.right, env)
+
+    def _not(self, expr: ast.Not, env: Environment) -> Truth:
+        return ~self.truth(expr.operand, env)
+
+    def _same_value(self, expr: ast.SameValue, env: Environment) -> Truth:
+        same = Truth.of(self.value(expr.left, env) == env[expr.var])
+        return ~same if expr.negated else same
+
+    def _matches(self, expr: ast.Matches, env: Environment) -> Truth:
+        found = Truth.of(any(True for _ in self._match(expr, env)))
+        return ~found if expr.negated else found
 
     def _match(self, expr: ast.Matches, env: Environment):
         subject = self.value(expr.subject, env)
@@ -199,37 +208,53 @@ class Evaluator:
     # ---------------------------------------------------------------- values
 
     def value(self, expr, env: Environment) -> Any:
-        kind = type(expr)
-        if kind is ast.Literal:
-            return expr.value
-        if kind is ast.ValueRef:
-            return env[expr.var]
-        if kind is ast.NameRef:
-            if expr.name in env:
-                return env[expr.name]
-            return NAMED_CONSTANTS[expr.name][1]
-        if kind is ast.ListExpr:
-            return [self.value(item, env) for item in expr.items]
-        if kind is ast.Index:
-            return self._index(self.value(expr.base, env), self.value(expr.index, env))
-        if kind is ast.Arithmetic:
-            return _arithmetic(expr.operator, self.value(expr.left, env), self.value(expr.right, env))
-        if kind is ast.Call:
-            return self._call(expr, env)
-        return self.truth(expr, env)
+        method = self._value_of.get(type(expr))
+        if method is None:
+            return self.truth(expr, env)
+        return method(self, expr, env)
+
+    def _literal(self, expr: ast.Literal, env: Environment):
+        return expr.value
+
+    def _value_ref(self, expr: ast.ValueRef, env: Environment):
+        return env[expr.var]
+
+    def _name_ref(self, expr: ast.NameRef, env: Environment):
+        if expr.name in env:
+            return env[expr.name]
+        return NAMED_CONSTANTS[expr.name][1]
+
+    def _list(self, expr: ast.ListExpr, env: Environment):
+        return [self.value(item, env) for item in expr.items]
+
+    def _index_expr(self, expr: ast.Index, env: Environment):
+        return self._index(self.value(expr.base, env), self.value(expr.index, env))
+
+    def _arithmetic_expr(self, expr: ast.Arithmetic, env: Environment):
+        return _arithmetic(expr.operator, self.value(expr.left, env), self.value(expr.right, env))
 
     def _index(self, base, position):
         if base is UNKNOWN or not is_literal(position) or position != int(position):
             return UNKNOWN
         if not isinstance(base, list):
-            constant = self.adapter.constant(base)
-            if constant is None:
+            base = self._constant_list(base)
+            if base is None:
                 return UNKNOWN
-            base = np.asarray(constant).reshape(-1).tolist()
         position = int(position)
         if not -len(base) <= position < len(base):
             return UNKNOWN
         return base[position]
+
+    def _constant_list(self, value) -> list | None:
+        # `%reps[axis]` is read once per axis; convert the constant once per
+        # evaluation (constants do not change while conditions are evaluated).
+        key = id(value)
+        if key not in self._constants:
+            constant = self.adapter.constant(value)
+            self._constants[key] = (
+                value, None if constant is None else np.asarray(constant).reshape(-1).tolist()
+            )
+        return self._constants[key][1]
 
     def _call(self, expr: ast.Call, env: Environment):
         arguments = [self.value(a, env) for a in expr.arguments]
@@ -244,6 +269,27 @@ class Evaluator:
         if result is None:
             return Truth.UNKNOWN
         return Truth.of(bool(result))
+
+
+Evaluator._truth_of = {
+    ast.And: Evaluator._and,
+    ast.Or: Evaluator._or,
+    ast.Not: Evaluator._not,
+    ast.Compare: Evaluator._compare,
+    ast.SameValue: Evaluator._same_value,
+    ast.Matches: Evaluator._matches,
+    ast.Quantifier: Evaluator._quantifier,
+    ast.EveryUse: Evaluator._every_use,
+}
+Evaluator._value_of = {
+    ast.ValueRef: Evaluator._value_ref,
+    ast.Literal: Evaluator._literal,
+    ast.NameRef: Evaluator._name_ref,
+    ast.Index: Evaluator._index_expr,
+    ast.Call: Evaluator._call,
+    ast.ListExpr: Evaluator._list,
+    ast.Arithmetic: Evaluator._arithmetic_expr,
+}
 
 
 # -------------------------------------------------------------------- helpers

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rewrite.engine.conditions import Evaluator
-from rewrite.engine.interfaces import Adapter, Block, Op
+from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.matcher import Matcher
 from rewrite.engine.rewriter import Rewriter, remove_dead
 from rewrite.language import ast
@@ -70,6 +70,14 @@ class RewriteLimitError(RuntimeError):
         )
 
 
+class UnsoundRewriteError(RuntimeError):
+    """A rule's rewrite changed a type it must keep (found in checked mode)."""
+
+    def __init__(self, rule: str, detail: str):
+        self.rule = rule
+        super().__init__(f"rule '{rule}' changed a type it must keep: {detail}")
+
+
 class Driver:
     """Runs rules over one program through its adapter."""
 
@@ -108,13 +116,18 @@ class Driver:
             self.adapter.finish()
 
     def _sweep(self, block: Block, fired: list[str]) -> None:
+        # The hot loop of a run: most ops have no rule and no nested block,
+        # and cost one type lookup.
         adapter = self.adapter
+        index = self.index
         for op in adapter.operations(block):
-            if not adapter.is_live(op):
+            nested = adapter.nested_blocks(op)
+            rules = index.get(adapter.op_type(op))
+            if not (nested or rules) or not adapter.is_live(op):
                 continue
-            for nested in adapter.nested_blocks(op):
-                self._sweep(nested, fired)
-            for rule in self.index.get(adapter.op_type(op), ()):
+            for inner in nested:
+                self._sweep(inner, fired)
+            for rule in rules or ():
                 if not adapter.is_live(op):
                     break
                 if self.try_rule(rule, op):
@@ -129,7 +142,10 @@ class Driver:
             for env in self.matcher.match_rule(rule, anchor):
                 truth, final = self.evaluator.holds(self._conditions[rule.name], env)
                 if final is not None:
-                    touched = self.rewriter.apply(rule, final, anchor)
+                    try:
+                        touched = self.rewriter.apply(rule, final, anchor)
+                    except TypeChangedError as error:
+                        raise UnsoundRewriteError(rule.name, str(error)) from None
                     self.statistics.removed_ops += remove_dead(self.adapter, touched)
                     statistics.fires += 1
                     return True

@@ -43,6 +43,13 @@ class OpSignature:
         return None
 
 
+class TypeChangedError(RuntimeError):
+    """A rewrite changed the type of a value it promised to keep (checked mode).
+
+    Raised by adapters; the driver adds the name of the rule that fired.
+    """
+
+
 class OpSchema(Protocol):
     """The op registry of one dialect, used to check rules when they load."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import rewrite
 from rewrite.backends.mil import count_ops, ct, mb
@@ -42,7 +43,7 @@ def test_build_before_the_anchor_and_rebuild_it(write_rules):
     rng = np.random.default_rng(0)
     inputs = {"mask": rng.random((4, 8)) > 0.5, "a": rng.normal(size=8), "b": rng.normal(size=(4, 8))}
     before = evaluate(program, inputs)
-    statistics = rewrite.load_rules(write_rules(WIDEN_SELECT)).apply(program)
+    statistics = rewrite.load_rules(write_rules(WIDEN_SELECT)).apply(program, check_types=True)
     program.validate()
     assert statistics.fired("widen_select_operand") == 1
     assert count_ops(program, "select") == 1 and count_ops(program, "fill_like") == 1
@@ -68,7 +69,7 @@ def test_replace_with_a_new_op_and_literal_operands(write_rules):
 
     inputs = {"x": np.array([1.0, -2.0, 3.0])}
     before = evaluate(program, inputs)["out"]
-    statistics = rewrite.load_rules(write_rules(SQUARE)).apply(program)
+    statistics = rewrite.load_rules(write_rules(SQUARE)).apply(program, check_types=True)
     program.validate()
     assert statistics.fired("square_as_pow") == 1
     assert count_ops(program, "mul") == 0 and count_ops(program, "pow") == 1
@@ -83,3 +84,25 @@ def test_negative_mul_of_two_values_is_left_alone(write_rules):
 
     assert rewrite.load_rules(write_rules(SQUARE)).apply(program).fires == 0
     assert count_ops(program, "mul") == 1
+
+
+UNSOUND_TILE_BYPASS = """
+dialect mil
+rule drop_every_tile "drops tiles with no condition at all: unsound"
+  match %t = tile(x=%x, reps=%reps)
+  rewrite %t -> %x
+"""
+
+
+def test_checked_mode_names_an_unsound_rule(write_rules):
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 1))], opset_version=ct.target.iOS18)
+    def program(x):
+        # exp keeps its operand's shape, so bypassing the tile shrinks it to (4, 1).
+        # (A consumer such as reduce_sum over the tiled axis would keep its
+        # shape and change only values: type checks cannot see that.)
+        return mb.exp(x=mb.tile(x=x, reps=[1, 8]), name="out")
+
+    rules = rewrite.load_rules(write_rules(UNSOUND_TILE_BYPASS))
+    with pytest.raises(rewrite.UnsoundRewriteError, match=r"rule 'drop_every_tile' changed a type") as raised:
+        rules.apply(program, check_types=True)
+    assert "out" in str(raised.value)

@@ -129,7 +129,7 @@ def rewrite_and_compare(program: Program, rules, feeds: Sequence[Mapping[str, np
     names = output_names(program)
     expected = [evaluate(program, feed) for feed in feeds]
     before = op_counts(program)
-    statistics = rules.apply(program)
+    statistics = rules.apply(program, check_types=True)
     program.validate()
     after = op_counts(program)
     assert output_names(program) == names, "function output names must be preserved"

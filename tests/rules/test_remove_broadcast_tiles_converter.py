@@ -72,9 +72,9 @@ def test_static_batch_no_tile_survives(rules, name):
 
 def test_symbolic_is_idempotent(rules):
     program = converted("layernorm", symbolic=True)
-    rules.apply(program)
+    rules.apply(program, check_types=True)
     printed = str(program)
-    again = rules.apply(program)
+    again = rules.apply(program, check_types=True)
     assert again.fired(RULE) == 0
     assert str(program) == printed
 
