@@ -1,0 +1,99 @@
+"""Each condition construct and builtin, evaluated to its exact three-valued answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rewrite.engine.conditions import Evaluator, conjuncts
+from rewrite.engine.logic import Truth
+from rewrite.engine.matcher import Matcher
+from tests.engine.toy_ir import Graph, ToyAdapter, load_toy_rules
+
+YES, NO, MAYBE = Truth.YES, Truth.NO, Truth.UNKNOWN
+
+
+@pytest.fixture
+def graph():
+    """y = add(x:(b, 8), tile(s:(1, 1), reps [4, 8])) with a second use of the tile."""
+    graph = Graph()
+    x = graph.input("x", ("b", 8))
+    s = graph.input("s", (1, 1))
+    reps = graph.const(np.array([4, 8]))
+    tile = graph.op("tile", x=s, reps=reps, shape=(4, 8))
+    total = graph.op("add", x=x, y=tile, shape=("b", 8))
+    graph.main.outputs = [total, graph.op("exp", x=tile, shape=(4, 8))]
+    return graph
+
+
+CASES = [
+    # literals, arithmetic, comparison
+    ("1 + 2 * 3 == 7", YES),
+    ("10 / 4 == 2.5 and 8 / 4 == 2", YES),
+    ("-1 < 0", YES),
+    ("mod(7, 3) == 1 and abs(-2) == 2", YES),
+    # shapes: literal, symbolic, out of range
+    ("rank(%x) == 2", YES),
+    ("dim(%x, 1) == 8 and dim(%x, -1) == 8", YES),
+    ("dim(%x, 0) == 4", MAYBE),  # b is not provably 4 ...
+    ("dim(%x, 0) != 4", MAYBE),  # ... nor provably not 4
+    ("dim(%x, 0) == dim(%x, 0)", YES),  # the same symbol
+    ("dim(%x, 0) == 1", MAYBE),  # a symbol is never provably 1
+    ("dim(%x, 5) == 8", MAYBE),  # no such axis: unknown, never yes
+    ("is_symbolic(dim(%x, 0)) and not is_symbolic(dim(%x, 1))", YES),
+    ("is_known(dim(%x, 1)) and not is_known(dim(%x, 0))", YES),
+    ("shape(%t) == [4, 8]", YES),
+    ("shape(%x) == [4, 8]", MAYBE),
+    ("axes(%t) == [0, 1] and len(axes(%t)) == 2 and range(2) == [0, 1]", YES),
+    ("aligned_dim(%s, 1, of=%t) == 1 and aligned_dim(%x, 0, of=%t) == 4", MAYBE),
+    ("aligned_dim(%s, 1, of=%t) == 1", YES),
+    # constants
+    ("is_const(%reps) and not is_const(%x)", YES),
+    ("const(%reps) == [4, 8] and %reps[0] == 4 and %reps[-1] == 8", YES),
+    ("%reps[2] == 8", MAYBE),  # out of range
+    ("%x[0] == 1", MAYBE),  # not a constant
+    # dtypes and op types
+    ('dtype(%x) == fp32 and dtype(%x) == "fp32"', YES),
+    ('op_type(%t) == "tile" and op_type(%reps) == "const"', YES),
+    ('op_type(%x) == "tile"', MAYBE),  # an input has no producing op
+    # uses and blocks
+    ("use_count(%t) == 2 and not one_use(%t)", YES),
+    ("one_use(%reps) and not block_output(%reps)", YES),
+    ("same_block(%t, %x)", YES),
+    # identity and patterns
+    ("%t is %t and %x is not %t", YES),
+    ("%t is tile(x=%s2, reps=_) and %s2 is %s", YES),
+    ("%t is not add(%a, %b)", YES),
+    # quantifiers
+    ("forall i in axes(%t): %reps[i] > 1", YES),
+    ("forall i in axes(%t) where %reps[i] > 4: dim(%t, i) == 8", YES),
+    ("exists i in axes(%x): is_symbolic(dim(%x, i))", YES),
+    ("exists i in []: true", NO),
+    ("forall i in axes(%x): dim(%x, i) == 8", MAYBE),
+    ("forall i in axes(%x): dim(%x, i) == 9", NO),  # one literal no decides it
+    ("every use %u of %t: %u is add(_, _) or %u is exp(x=_)", YES),
+    ("every use %u of %t: %u is add(%t, %other) in any order and rank(%other) == 2", NO),
+    # three-valued connectives
+    ("dim(%x, 0) == 4 or true", YES),
+    ("dim(%x, 0) == 4 and false", NO),
+    ("not (dim(%x, 0) == 4)", MAYBE),
+]
+
+
+@pytest.mark.parametrize("condition, expected", CASES, ids=[c for c, _ in CASES])
+def test_condition(write_rules, graph, condition, expected):
+    text = f"""
+    dialect toy
+    rule probe "evaluates one condition"
+      match %y = add(x=%x, y=%t)
+      match %t = tile(x=%s, reps=%reps)
+      where {condition}
+      rewrite %y -> %y
+    """
+    (rule,) = load_toy_rules(write_rules(text)).rules
+    adapter = ToyAdapter(graph)
+    matcher = Matcher(adapter)
+    anchor = next(op for op in graph.main.ops if op.type == "add")
+    (env,) = list(matcher.match_rule(rule, anchor))
+    truth, _ = Evaluator(adapter, matcher, {}).holds(conjuncts(rule.conditions[0].expr), env)
+    assert truth is expected
