@@ -42,12 +42,12 @@ def _quiet_third_party() -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewrite",
-        description="Rule-based graph rewriting for Core ML (MIL) models.",
+        description="Rule-based graph rewriting for Core ML (MIL) and ONNX models.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     apply = commands.add_parser("apply", help="rewrite a model with rules")
-    apply.add_argument("input", metavar="INPUT", help="an .mlpackage")
+    apply.add_argument("input", metavar="INPUT", help="an .mlpackage or an .onnx file")
     apply.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the rewritten model")
     apply.add_argument(
         "--rules", action="append", metavar="FILE_OR_DIR",
@@ -109,13 +109,53 @@ def _check(arguments) -> int:
     return EXIT_OK
 
 
-def _model_kind(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix in (".mlpackage", ".mlmodel"):
-        return "mil"
-    if suffix == ".onnx":
-        raise UserError(f"{path}: ONNX models are not supported yet")
-    raise UserError(f"{path}: unknown model format (expected an .mlpackage)")
+class _Model:
+    """A model file of one format: how to read it, count its ops and write it back."""
+
+    def __init__(self, path: Path):
+        suffix = path.suffix.lower()
+        if suffix in (".mlpackage", ".mlmodel"):
+            self.format = "mil"
+        elif suffix == ".onnx":
+            self.format = "onnx"
+        else:
+            raise UserError(f"{path}: unknown model format (expected an .mlpackage or an .onnx file)")
+        self.path = path
+
+    def load(self) -> None:
+        if self.format == "mil":
+            from rewrite.backends import mil
+
+            try:
+                self.program, self._saved_with = mil.load_mlpackage(self.path)
+            except mil.MilError as error:
+                raise UserError(str(error)) from None
+        else:
+            from rewrite.backends import onnx as onnx_backend
+
+            try:
+                self.program, self._saved_with = onnx_backend.load_onnx(self.path)
+            except onnx_backend.OnnxError as error:
+                raise UserError(str(error)) from None
+
+    def count_ops(self) -> int:
+        if self.format == "mil":
+            from rewrite.backends.mil import count_ops
+
+            return count_ops(self.program)
+        from rewrite.backends.onnx import count_nodes
+
+        return count_nodes(self.program)
+
+    def save(self, path: Path) -> None:
+        if self.format == "mil":
+            from rewrite.backends.mil import save_mlpackage
+
+            save_mlpackage(self.program, path, self._saved_with)
+        else:
+            from rewrite.backends.onnx import save_onnx
+
+            save_onnx(self.program, path, external_data=self._saved_with)
 
 
 def _apply(arguments) -> int:
@@ -132,8 +172,8 @@ def _apply(arguments) -> int:
         destination = Path(arguments.output)
         if destination.resolve() == source.resolve():
             raise UserError(f"{destination}: refusing to overwrite the input; use --in-place")
-    kind = _model_kind(source)
-    if _model_kind(destination) != kind:
+    model = _Model(source)
+    if _Model(destination).format != model.format:
         raise UserError(f"{destination}: the output must have the same format as the input")
     if not destination.parent.exists():
         raise UserError(f"{destination.parent}: no such directory")
@@ -145,13 +185,8 @@ def _apply(arguments) -> int:
         except KeyError as error:
             raise UserError(error.args[0]) from None
 
-    from rewrite.backends import mil
-
-    try:
-        program, spec = mil.load_mlpackage(source)
-    except mil.MilError as error:
-        raise UserError(str(error)) from None
-    ops_before = mil.count_ops(program)
+    model.load()
+    ops_before = model.count_ops()
 
     import rewrite
 
@@ -159,12 +194,12 @@ def _apply(arguments) -> int:
     if arguments.max_sweeps is not None:
         options["max_sweeps"] = arguments.max_sweeps
     try:
-        statistics = rule_set.apply(program, **options)
+        statistics = rule_set.apply(model.program, **options)
     except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
         raise UserError(str(error)) from None
-    ops_after = mil.count_ops(program)
+    ops_after = model.count_ops()
 
-    _write_atomically(destination, lambda path: mil.save_mlpackage(program, path, spec))
+    _write_atomically(destination, model.save)
     _report(arguments, statistics, source, destination, ops_before, ops_after)
     return EXIT_OK
 
@@ -190,19 +225,26 @@ def _report(arguments, statistics, source, destination, ops_before, ops_after) -
 
 
 def _write_atomically(destination: Path, write) -> None:
-    """Write through `write(temporary_path)`, then move the result into place."""
+    """Write through `write(temporary_path)`, then move the result into place.
+
+    Everything `write` leaves in the staging folder moves beside the
+    destination (an ONNX model's external data file first, the model last).
+    """
     parent = destination.parent.resolve()
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=parent))
     temporary = staging / destination.name
     try:
         try:
             write(temporary)
-        except Exception as error:  # coremltools raises many kinds; all mean "could not save"
+        except UserError:
+            raise
+        except Exception as error:  # the libraries raise many kinds; all mean "could not save"
             raise UserError(f"{destination}: could not write the model ({error})") from None
-        backup = None
+        companions = [p for p in staging.iterdir() if p.name != destination.name]
+        for companion in companions:
+            os.replace(companion, parent / companion.name)
         if destination.exists():
-            backup = staging / (destination.name + ".old")
-            os.replace(destination, backup)
+            os.replace(destination, staging / (destination.name + ".old"))
         os.replace(temporary, destination)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -81,7 +81,7 @@ def test_a_bad_rules_file_is_exit_2_with_file_line_col(example, tmp_path):
 @pytest.mark.parametrize("make_input, message", [
     (lambda d: d / "missing.mlpackage", "no such file or directory"),
     (lambda d: _corrupt(d), "not a Core ML model"),
-    (lambda d: _write(d / "model.onnx", b"\x00garbage"), "ONNX models are not supported yet"),
+    (lambda d: _write(d / "model.onnx", b"\x00garbage"), "not a readable ONNX model"),
     (lambda d: _write(d / "model.txt", b"hello"), "unknown model format"),
 ])
 def test_bad_inputs_are_one_line_and_leave_nothing_behind(tmp_path, make_input, message):

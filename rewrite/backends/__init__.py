@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 # dialect -> module implementing it
-_BACKENDS = {"mil": "rewrite.backends.mil"}
+_BACKENDS = {"mil": "rewrite.backends.mil", "onnx": "rewrite.backends.onnx"}
 
 
 def dialects() -> list[str]:
@@ -36,4 +36,8 @@ def adapter_for(program: Any, *, check_types: bool = False):
 
         if isinstance(program, Program):
             return MilAdapter(program, check_types=check_types)
+    if kind.__name__ == "ModelProto" and kind.__module__.startswith("onnx"):
+        from rewrite.backends.onnx import OnnxAdapter
+
+        return OnnxAdapter(program)
     raise TypeError(f"no backend for a {kind.__module__}.{kind.__name__}")

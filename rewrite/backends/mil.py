@@ -223,6 +223,14 @@ class MilAdapter:
     def outputs(self, op: Operation) -> Sequence[Var]:
         return op.outputs
 
+    def attribute(self, op: Operation, name: str):
+        # MIL has no attributes apart from operands: a constant operand is one.
+        value = op.inputs.get(name)
+        if value is None or isinstance(value, (list, tuple)) or value.val is None:
+            return None
+        constant = np.asarray(value.val)
+        return constant.tolist()
+
     # ---- values
 
     def producer(self, value: Var) -> Operation | None:

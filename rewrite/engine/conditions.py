@@ -168,8 +168,16 @@ class Evaluator:
                     self.failure = failure
                 if selected is Truth.NO:
                     continue
-                # An unknown filter leaves its bindings unmade: the body is unknown too.
-                body = Truth.UNKNOWN if scope is None else self.truth(expr.body, scope)
+                if scope is None:
+                    # An unknown filter binds nothing; the body may still hold
+                    # (unknown -> yes is yes). If it needs the filter's
+                    # bindings it cannot be decided.
+                    try:
+                        body = self.truth(expr.body, inner)
+                    except KeyError:
+                        body = Truth.UNKNOWN
+                else:
+                    body = self.truth(expr.body, scope)
             finally:
                 self._scope.pop()
             if forall:
@@ -433,6 +441,14 @@ def _op_type(adapter, value):
     return UNKNOWN if op is None else adapter.op_type(op)
 
 
+def _attribute(adapter, value, name):
+    op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
+    if op is None or not isinstance(name, str):
+        return UNKNOWN
+    found = adapter.attribute(op, name)
+    return UNKNOWN if found is None else found
+
+
 def _len(adapter, items):
     return len(items) if isinstance(items, (list, tuple)) else UNKNOWN
 
@@ -469,6 +485,7 @@ _BUILTINS: dict[str, Callable] = {
     "block_output": _block_output,
     "same_block": _same_block,
     "op_type": _op_type,
+    "attribute": _attribute,
     "len": _len,
     "range": _range,
     "abs": _abs,

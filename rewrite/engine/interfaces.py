@@ -31,10 +31,11 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class OpSignature:
-    """An op type's inputs, in schema (positional) order."""
+    """An op type's inputs, in schema (positional) order, and its attribute names."""
 
     op_type: str
     inputs: tuple[InputSpec, ...]
+    attributes: tuple[str, ...] = ()
 
     def input(self, name: str) -> InputSpec | None:
         for spec in self.inputs:
@@ -100,6 +101,9 @@ class Adapter(Protocol):
         """The operands present, flattened, in schema order."""
 
     def outputs(self, op: Op) -> Sequence[Value]: ...
+
+    def attribute(self, op: Op, name: str) -> Any:
+        """The value of attribute `name` of `op` (a Python value), or None."""
 
     # ---- values
 

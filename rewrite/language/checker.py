@@ -360,7 +360,7 @@ class Checker:
             for argument in replacement.arguments:
                 self.check_expr(argument.value, scope)
                 for signature in self._signatures(self._var_types.get(replacement.var, frozenset())):
-                    if signature.input(argument.name) is None:
+                    if signature.input(argument.name) is None and argument.name not in signature.attributes:
                         names = [i.name for i in signature.inputs]
                         self.error(argument.span, f"op '{signature.op_type}' has no operand '{argument.name}'"
                                    + self._suggest(argument.name, names))
@@ -380,8 +380,12 @@ class Checker:
         for argument in build.arguments:
             given.add(argument.name)
             self.check_expr(argument.value, scope)
-            if signature is not None and signature.input(argument.name) is None:
-                names = [i.name for i in signature.inputs]
+            if (
+                signature is not None
+                and signature.input(argument.name) is None
+                and argument.name not in signature.attributes
+            ):
+                names = [i.name for i in signature.inputs] + list(signature.attributes)
                 self.error(
                     argument.span,
                     f"op '{build.op}' has no operand '{argument.name}'" + self._suggest(argument.name, names),

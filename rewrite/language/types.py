@@ -89,6 +89,9 @@ BUILTINS: dict[str, Signature] = {
                    "The two values are defined in the same block."),
         _signature("op_type", "value", Type.STRING,
                    "The type of the op producing the value; unknown for inputs."),
+        _signature("attribute", "value, name:string", Type.ANY,
+                   "An attribute of the op producing the value (MIL: a constant operand); "
+                   "unknown if it has none."),
         _signature("len", "items:any", Type.NUMBER,
                    "The length of a list, or of the operands a rest operand `%v...` bound."),
         _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),

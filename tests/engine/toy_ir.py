@@ -162,6 +162,9 @@ class ToyAdapter:
     def outputs(self, op):
         return op.outputs
 
+    def attribute(self, op, name):
+        return None
+
     def producer(self, value):
         return value.producer
 

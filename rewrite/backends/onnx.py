@@ -1,0 +1,593 @@
+"""The ONNX backend: `.onnx` files and `onnx.ModelProto`s.
+
+The model stays raw protobuf. On top of it `OnnxAdapter` keeps a thin index
+of its own: a `Node` per NodeProto, a `Value` per defined name, each value's
+uses, and a `Graph` per (sub)graph with its parent scope. That index costs
+about as much as loading the file; onnx-ir's conversion was measured at ten
+times more (see the issue), and load and save count in what a user waits for.
+
+Edits touch the index and the changed NodeProtos only; the graph's node
+lists are rebuilt once, in `finish`, for the graphs that changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rewrite.backends import onnx_shapes
+from rewrite.engine.interfaces import InputSpec, OpSignature
+
+DIALECT = "onnx"
+
+
+class OnnxError(Exception):
+    """An ONNX model could not be read or written."""
+
+
+# ---------------------------------------------------------------- op schema
+
+
+class OnnxSchema:
+    """The default-domain operators of `onnx.defs`, at their newest version."""
+
+    dialect = DIALECT
+
+    @functools.cached_property
+    def _schemas(self) -> dict[str, Any]:
+        return {s.name: s for s in onnx.defs.get_all_schemas() if s.domain == ""}
+
+    @functools.cached_property
+    def _signatures(self) -> dict[str, OpSignature | None]:
+        return {}
+
+    def signature(self, op_type: str) -> OpSignature | None:
+        if op_type not in self._signatures:
+            schema = self._schemas.get(op_type)
+            self._signatures[op_type] = None if schema is None else _signature(schema)
+        return self._signatures[op_type]
+
+    def op_types(self) -> Sequence[str]:
+        return sorted(self._schemas)
+
+
+def _signature(schema) -> OpSignature:
+    option = onnx.defs.OpSchema.FormalParameterOption
+    inputs = tuple(
+        InputSpec(p.name, p.option == option.Optional, p.option == option.Variadic) for p in schema.inputs
+    )
+    return OpSignature(schema.name, inputs, tuple(schema.attributes))
+
+
+SCHEMA = OnnxSchema()
+
+
+@functools.cache
+def _schema_at(op_type: str, opset: int, domain: str = ""):
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+# ---------------------------------------------------------------- the index
+
+
+class Value:
+    """A name defined in one graph: a graph input, an initializer or a node output."""
+
+    __slots__ = (
+        "name", "graph", "producer", "uses", "output_of", "initializer", "shape", "dtype", "contents", "_constant",
+    )
+
+    def __init__(self, name: str, graph: Graph, producer: Node | None = None):
+        self.name = name
+        self.graph = graph
+        self.producer = producer
+        self.uses: list[Node] = []
+        self.output_of: list[Graph] = []  # graphs (this one or nested ones) that output it
+        self.initializer: onnx.TensorProto | None = None
+        self.shape: tuple | None = None
+        self.dtype: str | None = None
+        self.contents: list | None = None  # the dims a shape-like value holds, if known
+        self._constant: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"Value({self.name})"
+
+
+class Node:
+    """One NodeProto, with its operands resolved to `Value`s through the scopes."""
+
+    __slots__ = ("proto", "graph", "inputs", "outputs", "blocks", "live")
+
+    def __init__(self, proto: onnx.NodeProto, graph: Graph):
+        self.proto = proto
+        self.graph = graph
+        self.inputs: list[Value | None] = []
+        self.outputs: list[Value] = []
+        self.blocks: list[Graph] = []
+        self.live = True
+
+    def __repr__(self) -> str:
+        return f"Node({self.proto.op_type} {self.proto.name})"
+
+
+class Graph:
+    """A GraphProto and the names it defines; `parent` is the enclosing scope."""
+
+    __slots__ = ("proto", "parent", "owner", "nodes", "values", "outputs", "inserted", "dirty")
+
+    def __init__(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None):
+        self.proto = proto
+        self.parent = parent
+        self.owner = owner
+        self.nodes: list[Node] = []
+        self.values: dict[str, Value] = {}
+        self.outputs: list[Value | None] = []
+        # New nodes waiting to be placed before an existing one (keyed by id).
+        self.inserted: dict[int, list[Node]] = {}
+        self.dirty = False
+
+    def lookup(self, name: str) -> Value | None:
+        scope: Graph | None = self
+        while scope is not None:
+            value = scope.values.get(name)
+            if value is not None:
+                return value
+            scope = scope.parent
+        return None
+
+
+class OnnxAdapter:
+    """The engine's view of an `onnx.ModelProto`, rewritten in place."""
+
+    dialect = DIALECT
+
+    def __init__(self, model: onnx.ModelProto, base_dir: str | None = None):
+        self.model = model
+        self.base_dir = base_dir
+        self.opset = next(
+            (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            onnx.defs.onnx_opset_version(),
+        )
+        self._serial = itertools.count()
+        self._names: set[str] | None = None
+        self.main = self._index_graph(model.graph, None, None)
+        onnx_shapes.infer(self, self.main)
+
+    # ---- building the index
+
+    def _index_graph(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None) -> Graph:
+        graph = Graph(proto, parent, owner)
+        declared = {info.name: info for info in proto.value_info}
+        for info in proto.input:
+            value = self._define(graph, info.name, None)
+            onnx_shapes.declare(value, info, trusted=True)
+        for tensor in proto.initializer:
+            value = graph.values.get(tensor.name) or self._define(graph, tensor.name, None)
+            value.initializer = tensor
+            value.shape = tuple(int(d) for d in tensor.dims)
+            value.dtype = onnx_shapes.dtype_name(tensor.data_type)
+        for node_proto in proto.node:
+            node = Node(node_proto, graph)
+            for name in node_proto.input:
+                value = graph.lookup(name) if name else None
+                if name and value is None:
+                    label = node_proto.name or node_proto.op_type
+                    raise OnnxError(f"node '{label}' uses '{name}', which is never defined")
+                node.inputs.append(value)
+                if value is not None:
+                    value.uses.append(node)
+            for name in node_proto.output:
+                value = self._define(graph, name, node) if name else None
+                node.outputs.append(value)
+            for attribute in node_proto.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    node.blocks.append(self._index_graph(attribute.g, graph, node))
+                elif attribute.type == onnx.AttributeProto.GRAPHS:
+                    node.blocks.extend(self._index_graph(g, graph, node) for g in attribute.graphs)
+            graph.nodes.append(node)
+        for name, info in declared.items():
+            value = graph.values.get(name)
+            if value is not None:
+                onnx_shapes.declare(value, info, trusted=False)
+        for info in proto.output:
+            value = graph.lookup(info.name)
+            if value is None:
+                raise OnnxError(f"graph output '{info.name}' is never defined")
+            graph.outputs.append(value)
+            value.output_of.append(graph)
+            onnx_shapes.declare(value, info, trusted=False)
+        return graph
+
+    def _define(self, graph: Graph, name: str, producer: Node | None) -> Value:
+        value = Value(name, graph, producer)
+        graph.values[name] = value
+        return value
+
+    # ---- structure
+
+    def top_blocks(self) -> Sequence[Graph]:
+        return [self.main]
+
+    def operations(self, block: Graph) -> Sequence[Node]:
+        self._place_inserted(block)
+        return list(block.nodes)
+
+    def _place_inserted(self, graph: Graph) -> None:
+        if not graph.inserted:
+            return
+        ordered = []
+        for node in graph.nodes:
+            ordered.extend(graph.inserted.get(id(node), ()))
+            ordered.append(node)
+        graph.nodes = ordered
+        graph.inserted.clear()
+
+    def nested_blocks(self, op: Node) -> Sequence[Graph]:
+        return op.blocks
+
+    def is_live(self, op: Node) -> bool:
+        return op.live
+
+    def op_type(self, op: Node) -> str:
+        return op.proto.op_type if op.proto.domain in ("", "ai.onnx") else f"{op.proto.domain}.{op.proto.op_type}"
+
+    def op_name(self, op: Node) -> str:
+        return op.proto.name or f"{op.proto.op_type}({', '.join(op.proto.output)})"
+
+    def block_of(self, op: Node) -> Graph:
+        return op.graph
+
+    def has_side_effects(self, op: Node) -> bool:
+        return False
+
+    def _input_index(self, op: Node) -> dict[str, int | slice]:
+        schema = _schema_at(op.proto.op_type, self.opset, op.proto.domain)
+        if schema is None:
+            return {}
+        option = onnx.defs.OpSchema.FormalParameterOption
+        index: dict[str, int | slice] = {}
+        for position, parameter in enumerate(schema.inputs):
+            index[parameter.name] = slice(position, None) if parameter.option == option.Variadic else position
+        return index
+
+    def operand(self, op: Node, name: str):
+        where = self._input_index(op).get(name)
+        if where is None:
+            return None
+        if isinstance(where, slice):
+            return tuple(v for v in op.inputs[where] if v is not None)
+        return op.inputs[where] if where < len(op.inputs) else None
+
+    def operand_names(self, op: Node) -> Sequence[str]:
+        return [name for name in self._input_index(op) if self.operand(op, name) is not None]
+
+    def operands(self, op: Node) -> Sequence[Value]:
+        return [v for v in op.inputs if v is not None]
+
+    def outputs(self, op: Node) -> Sequence[Value]:
+        return [v for v in op.outputs if v is not None]
+
+    def attribute(self, op: Node, name: str):
+        for attribute in op.proto.attribute:
+            if attribute.name == name:
+                value = helper.get_attribute_value(attribute)
+                if isinstance(value, bytes):
+                    return value.decode("utf-8", "replace")
+                if isinstance(value, onnx.TensorProto):
+                    return numpy_helper.to_array(value).tolist()
+                if isinstance(value, (list, tuple)):
+                    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+                return value
+        return None
+
+    # ---- values
+
+    def producer(self, value: Value) -> Node | None:
+        return value.producer
+
+    def defining_block(self, value: Value) -> Graph:
+        return value.graph
+
+    def consumers(self, value: Value) -> Sequence[Node]:
+        uses = value.uses
+        if len(uses) < 2:
+            return list(uses)
+        return list(dict.fromkeys(uses))
+
+    def is_block_output(self, value: Value) -> bool:
+        return _is_output(value)
+
+    def shape(self, value: Value):
+        return value.shape
+
+    def dtype(self, value: Value) -> str | None:
+        return value.dtype
+
+    def constant(self, value: Value):
+        if value._constant is None:
+            value._constant = onnx_shapes.constant_of(value, self.base_dir)
+        return value._constant
+
+    def value_name(self, value: Value) -> str:
+        return value.name
+
+    # ---- mutation
+
+    def _fresh_name(self, hint: str) -> str:
+        if self._names is None:
+            self._names = set()
+            _collect_names(self.model.graph, self._names)
+        while True:
+            name = f"{hint}_{next(self._serial)}"
+            if name not in self._names:
+                self._names.add(name)
+                return name
+
+    def build(self, op_type: str, operands: dict[str, Any], before: Node, name: str) -> Value:
+        graph = before.graph
+        schema = _schema_at(op_type, self.opset)
+        if schema is None:
+            raise OnnxError(f"operator '{op_type}' does not exist at opset {self.opset}")
+        input_names = [p.name for p in schema.inputs]
+        inputs: list[str] = []
+        attributes = {}
+        for key, operand in operands.items():
+            if key in schema.attributes:
+                attributes[key] = operand
+        for parameter in input_names:
+            if parameter not in operands:
+                inputs.append("")
+                continue
+            operand = operands[parameter]
+            if isinstance(operand, tuple):
+                inputs.extend(self._as_value(v, before, name).name for v in operand)
+            else:
+                inputs.append(self._as_value(operand, before, name).name)
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        output = self._fresh_name(name)
+        proto = helper.make_node(op_type, inputs, [output], name=self._fresh_name(name), **attributes)
+        return self._insert(proto, graph, before).outputs[0]
+
+    def _as_value(self, operand, before: Node, name: str) -> Value:
+        if isinstance(operand, Value):
+            return operand
+        array = np.asarray(operand)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        tensor = numpy_helper.from_array(array, self._fresh_name(name + "_value"))
+        proto = helper.make_node("Constant", [], [tensor.name], name=self._fresh_name(name + "_constant"), value=tensor)
+        return self._insert(proto, before.graph, before).outputs[0]
+
+    def _insert(self, proto: onnx.NodeProto, graph: Graph, before: Node) -> Node:
+        node = Node(proto, graph)
+        for input_name in proto.input:
+            value = graph.lookup(input_name) if input_name else None
+            node.inputs.append(value)
+            if value is not None:
+                value.uses.append(node)
+        node.outputs = [self._define(graph, output, node) for output in proto.output]
+        graph.inserted.setdefault(id(before), []).append(node)
+        graph.dirty = True
+        onnx_shapes.infer_node(self, node)
+        return node
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        for node in list(dict.fromkeys(old.uses)):
+            for position, value in enumerate(node.inputs):
+                if value is old:
+                    node.inputs[position] = new
+                    node.proto.input[position] = new.name
+                    new.uses.append(node)
+        old.uses.clear()
+        if _is_output(old):
+            self._replace_output(old, new)
+
+    def _replace_output(self, old: Value, new: Value) -> None:
+        for graph in list(dict.fromkeys(old.output_of)):
+            for position, value in enumerate(graph.outputs):
+                if value is not old:
+                    continue
+                if graph is self.main:
+                    # The model's outputs are its interface: the name stays.
+                    self._take_output_name(graph, position, old, new)
+                else:
+                    # Subgraph outputs bind by position; the name may change.
+                    graph.outputs[position] = new
+                    new.output_of.append(graph)
+                    graph.dirty = True
+        old.output_of.clear()
+
+    def _take_output_name(self, graph: Graph, position: int, old: Value, new: Value) -> None:
+        name = old.name
+        self._rename(old, self._fresh_name(name + "_replaced"))
+        renamable = (
+            new.producer is not None
+            and new.graph is graph
+            and not _is_output(new)
+            and all(use.graph is graph for use in new.uses)
+        )
+        if renamable:
+            self._rename(new, name)
+            graph.outputs[position] = new
+            new.output_of.append(graph)
+        else:
+            # An input, an initializer or another output cannot give up its
+            # name: bridge with Identity, placed last in the graph.
+            proto = helper.make_node("Identity", [new.name], [name], name=self._fresh_name(name + "_bridge"))
+            node = Node(proto, graph)
+            node.inputs = [new]
+            new.uses.append(node)
+            node.outputs = [self._define(graph, name, node)]
+            node.outputs[0].shape, node.outputs[0].dtype = new.shape, new.dtype
+            graph.nodes.append(node)
+            graph.outputs[position] = node.outputs[0]
+            node.outputs[0].output_of.append(graph)
+        graph.dirty = True
+
+    def _rename(self, value: Value, name: str) -> None:
+        graph = value.graph
+        graph.values.pop(value.name, None)
+        if value.producer is not None:
+            outputs = value.producer.proto.output
+            for position, output in enumerate(outputs):
+                if output == value.name:
+                    outputs[position] = name
+        for use in value.uses:
+            for position, input_name in enumerate(use.proto.input):
+                if input_name == value.name and use.inputs[position] is value:
+                    use.proto.input[position] = name
+        value.name = name
+        graph.values[name] = value
+
+    def remove_op(self, op: Node) -> None:
+        op.live = False
+        for value in op.inputs:
+            if value is not None:
+                value.uses = [use for use in value.uses if use is not op]
+        for value in op.outputs:
+            if value is not None:
+                op.graph.values.pop(value.name, None)
+        op.graph.dirty = True
+
+    def finish(self) -> None:
+        """Write the index's edits back into the protobuf graphs that changed."""
+        self._write_back(self.main)
+
+    def _write_back(self, graph: Graph) -> None:
+        for node in graph.nodes:
+            for block in node.blocks:
+                self._write_back(block)
+        if not graph.dirty:
+            return
+        self._place_inserted(graph)
+        graph.nodes = [node for node in graph.nodes if node.live]
+        protos = [node.proto for node in graph.nodes]
+        # Node protos are owned by the repeated field; copy them out before
+        # clearing it, then put them back in the new order.
+        copies = []
+        for proto in protos:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(proto)
+            copies.append(copy)
+        del graph.proto.node[:]
+        graph.proto.node.extend(copies)
+        for node, proto in zip(graph.nodes, graph.proto.node):
+            node.proto = proto
+        outputs = {info.name for info in graph.proto.output}
+        for position, value in enumerate(graph.outputs):
+            if value is not None and graph.proto.output[position].name != value.name:
+                graph.proto.output[position].name = value.name
+        live_names = {name for node in graph.nodes for name in node.proto.output} | outputs
+        kept = [info for info in graph.proto.value_info if info.name in live_names]
+        if len(kept) != len(graph.proto.value_info):
+            saved = []
+            for info in kept:
+                copy = onnx.ValueInfoProto()
+                copy.CopyFrom(info)
+                saved.append(copy)
+            del graph.proto.value_info[:]
+            graph.proto.value_info.extend(saved)
+        graph.dirty = False
+
+
+def _is_output(value: Value) -> bool:
+    return bool(value.output_of)
+
+
+def _collect_names(graph: onnx.GraphProto, names: set[str]) -> None:
+    names.update(info.name for info in graph.input)
+    names.update(tensor.name for tensor in graph.initializer)
+    for node in graph.node:
+        names.update(node.output)
+        if node.name:
+            names.add(node.name)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _collect_names(attribute.g, names)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    _collect_names(subgraph, names)
+
+
+# ---------------------------------------------------------------- files
+
+
+def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, bool]:
+    """Read an `.onnx` file, external data included.
+
+    Returns the model and whether its tensors were stored as external data
+    (so that `save_onnx` can store them that way again). A missing, truncated
+    or non-ONNX file is an `OnnxError`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as error:
+        raise OnnxError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
+    if not model.HasField("graph") or not model.opset_import:
+        raise OnnxError(f"{path}: not an ONNX model (no graph or no opset)")
+    external = _uses_external_data(model.graph)
+    if external:
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as error:
+            raise OnnxError(f"{path}: cannot read its external data ({_first_line(error)})") from None
+    return model, external
+
+
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
+    """Write `model` to `path`; with `external_data`, large tensors go to `<path>.data` beside it."""
+    path = Path(path)
+    if external_data:
+        onnx.save_model(
+            model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+            location=path.name + ".data", size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+
+
+def _uses_external_data(graph: onnx.GraphProto) -> bool:
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+        return True
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH and _uses_external_data(attribute.g):
+                return True
+    return False
+
+
+def count_nodes(model: onnx.ModelProto, op_type: str | None = None) -> int:
+    """Nodes (of `op_type`, if given) in the model, subgraphs included."""
+
+    def count(graph: onnx.GraphProto) -> int:
+        total = 0
+        for node in graph.node:
+            total += op_type is None or node.op_type == op_type
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    total += count(attribute.g)
+                elif attribute.type == onnx.AttributeProto.GRAPHS:
+                    total += sum(count(g) for g in attribute.graphs)
+        return total
+
+    return count(model.graph)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

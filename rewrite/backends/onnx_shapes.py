@@ -1,0 +1,618 @@
+"""Symbolic shape inference for ONNX graphs, onnx-light's semantics.
+
+What is trusted, and why:
+
+* Graph inputs: their `dim_param`s are the user's declaration, so a name
+  shared by two inputs means one size.
+* Everything else is inferred here, forward, in graph order, with the dim
+  algebra of `rewrite.engine.shapes`. Shapes written into `value_info` by an
+  exporter fill in only where inference knows nothing: their literal dims are
+  taken, but their `dim_param`s become symbols local to that value and axis,
+  because exporters reuse placeholder names across unrelated nodes.
+
+Values used as shapes are followed too: `Value.contents` holds the dims a
+1-D (or scalar) int value carries, through `Shape`, `Gather`, `Slice`,
+`Concat`, `Unsqueeze`, `Squeeze`, `Cast`, `Add`/`Sub`/`Mul`, constants and
+the `Where(Equal(s, -1), ..., s)` chain the TorchScript exporter emits for
+`expand(-1, ...)`, so that `Expand(x, Shape(y))` is known to produce y's dims.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from rewrite.engine import shapes as dims
+from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rewrite.backends.onnx import Graph, Node, OnnxAdapter, Value
+
+_DTYPE_NAMES = {
+    onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.DOUBLE: "fp64",
+    onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.INT16: "int16", onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.BOOL: "bool", onnx.TensorProto.STRING: "string",
+}
+
+
+def dtype_name(elem_type: int) -> str | None:
+    return _DTYPE_NAMES.get(elem_type)
+
+
+# ---------------------------------------------------------------- declarations
+
+
+def declare(value: Value, info: onnx.ValueInfoProto, trusted: bool) -> None:
+    """Take what a ValueInfoProto says about `value` (before inference runs)."""
+    tensor = info.type.tensor_type if info.type.HasField("tensor_type") else None
+    if tensor is None:
+        return
+    if value.dtype is None and tensor.elem_type:
+        value.dtype = dtype_name(tensor.elem_type)
+    if value.shape is not None or not tensor.HasField("shape"):
+        return
+    shape = []
+    for axis, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
+            shape.append(int(dim.dim_value))
+        elif dim.HasField("dim_param") and dim.dim_param:
+            name = dim.dim_param if trusted else f"{dim.dim_param}@{value.name}:{axis}"
+            shape.append(Symbol(name))
+        else:
+            shape.append(UNKNOWN)
+    value.shape = tuple(shape)
+
+
+def constant_of(value: Value, base_dir: str | None) -> np.ndarray | None:
+    """The value's compile-time constant: an initializer or a Constant node's value."""
+    if value.initializer is not None:
+        # An initializer of the main graph that is also a graph input can be
+        # overridden at run time: not a constant.
+        if any(info.name == value.name for info in value.graph.proto.input):
+            return None
+        return numpy_helper.to_array(value.initializer, base_dir or "")
+    node = value.producer
+    if node is None or node.proto.op_type != "Constant" or node.proto.domain not in ("", "ai.onnx"):
+        return None
+    for attribute in node.proto.attribute:
+        if attribute.name == "value":
+            return numpy_helper.to_array(attribute.t)
+        if attribute.name in ("value_int", "value_float"):
+            return np.asarray(onnx.helper.get_attribute_value(attribute))
+        if attribute.name in ("value_ints", "value_floats"):
+            return np.asarray(list(onnx.helper.get_attribute_value(attribute)))
+    return None
+
+
+# ---------------------------------------------------------------- inference
+
+
+def infer(adapter: OnnxAdapter, graph: Graph) -> None:
+    """Infer shapes, dtypes and contents for every node of `graph`, subgraphs included."""
+    for value in graph.values.values():
+        if value.initializer is not None and value.contents is None:
+            _contents_from_constant(adapter, value)
+    for node in graph.nodes:
+        for block in node.blocks:
+            infer(adapter, block)
+        infer_node(adapter, node)
+
+
+def infer_node(adapter: OnnxAdapter, node: Node) -> None:
+    """Infer one node's outputs from its inputs; keep what declarations add."""
+    op_type = node.proto.op_type
+    rule = _RULES.get(op_type) if node.proto.domain in ("", "ai.onnx") else None
+    results = None
+    if rule is not None:
+        try:
+            results = rule(adapter, node)
+        except dims.IncompatibleShapes:
+            results = None
+        except (IndexError, ValueError, TypeError):
+            results = None  # a malformed node; its shapes stay unknown
+    outputs = [v for v in node.outputs if v is not None]
+    if results is None:
+        results = [(None, None)] * len(outputs)
+    for value, (shape, dtype) in zip(outputs, results):
+        value.shape = _merge(shape, value.shape)
+        if dtype is not None:
+            value.dtype = dtype
+    if op_type == "Constant" and outputs:
+        _contents_from_constant(adapter, outputs[0])
+    else:
+        contents = _CONTENTS.get(op_type)
+        if contents is not None and outputs and node.proto.domain in ("", "ai.onnx"):
+            try:
+                outputs[0].contents = contents(adapter, node)
+            except (IndexError, ValueError, TypeError):
+                outputs[0].contents = None
+
+
+def _merge(inferred, declared):
+    if inferred is None:
+        return declared
+    if declared is None or len(declared) != len(inferred):
+        return tuple(inferred)
+    merged = []
+    for ours, theirs in zip(inferred, declared):
+        if ours is UNKNOWN:
+            merged.append(theirs)  # a declared literal, or a value-local symbol
+        else:
+            merged.append(ours)
+    return tuple(merged)
+
+
+def _contents_from_constant(adapter: OnnxAdapter, value: Value) -> None:
+    if value.dtype not in ("int64", "int32"):
+        return
+    constant = adapter.constant(value)
+    if constant is None or constant.ndim > 1 or constant.size > 64:
+        return
+    value.contents = [int(v) for v in constant.reshape(-1)]
+    if constant.ndim == 0:
+        value.contents = [int(constant)]
+
+
+# ---- helpers
+
+def _in(node: Node, position: int) -> Value | None:
+    return node.inputs[position] if position < len(node.inputs) else None
+
+
+def _shape(node: Node, position: int):
+    value = _in(node, position)
+    return None if value is None else value.shape
+
+
+def _dtype(node: Node, position: int = 0):
+    value = _in(node, position)
+    return None if value is None else value.dtype
+
+
+def _attr(node: Node, name: str, default=None):
+    for attribute in node.proto.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _ints(adapter: OnnxAdapter, node: Node, position: int, attribute: str | None = None):
+    """Int list from an input's constant (newer opsets) or an attribute (older)."""
+    value = _in(node, position)
+    if value is not None:
+        constant = adapter.constant(value)
+        return None if constant is None else [int(v) for v in np.asarray(constant).reshape(-1)]
+    if attribute is not None:
+        found = _attr(node, attribute)
+        return None if found is None else [int(v) for v in found]
+    return None
+
+
+def _same(adapter, node):
+    return [(_shape(node, 0), _dtype(node))]
+
+
+def _broadcast(adapter, node):
+    shapes = [v.shape for v in node.inputs if v is not None]
+    return [(dims.broadcast_shapes(*shapes), _dtype(node))]
+
+
+def _compare(adapter, node):
+    shapes = [v.shape for v in node.inputs if v is not None]
+    return [(dims.broadcast_shapes(*shapes), "bool")]
+
+
+def _where(adapter, node):
+    shapes = [v.shape for v in node.inputs if v is not None]
+    return [(dims.broadcast_shapes(*shapes), _dtype(node, 1))]
+
+
+def _expand(adapter, node):
+    target = _in(node, 1)
+    shape = _shape(node, 0)
+    if target is None or shape is None:
+        return [(None, _dtype(node))]
+    if target.contents is not None:
+        return [(dims.broadcast_shapes(shape, target.contents), _dtype(node))]
+    if target.shape is not None and len(target.shape) == 1 and is_literal(target.shape[0]):
+        rank = max(len(shape), int(target.shape[0]))
+        return [((UNKNOWN,) * rank, _dtype(node))]
+    return [(None, _dtype(node))]
+
+
+def _tile(adapter, node):
+    shape, repeats = _shape(node, 0), _ints(adapter, node, 1)
+    if shape is None:
+        return [(None, _dtype(node))]
+    if repeats is None or len(repeats) != len(shape):
+        return [((UNKNOWN,) * len(shape), _dtype(node))]
+    return [(tuple(dims.multiply(d, r) for d, r in zip(shape, repeats)), _dtype(node))]
+
+
+def _shape_op(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return [(None, "int64")]
+    start, end = _shape_range(node, len(shape))
+    return [((max(end - start, 0),), "int64")]
+
+
+def _shape_range(node, rank):
+    start = _attr(node, "start", 0)
+    end = _attr(node, "end", rank)
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, end
+
+
+def _shape_contents(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return None
+    start, end = _shape_range(node, len(shape))
+    return list(shape[start:end])
+
+
+def _cast(adapter, node):
+    return [(_shape(node, 0), dtype_name(_attr(node, "to", 0)))]
+
+
+def _constant(adapter, node):
+    value = node.outputs[0]
+    constant = constant_of(value, adapter.base_dir)
+    if constant is None:
+        return [(None, None)]
+    return [(tuple(int(d) for d in constant.shape), _numpy_dtype_name(constant.dtype))]
+
+
+def _numpy_dtype_name(dtype) -> str | None:
+    try:
+        return dtype_name(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _constant_of_shape(adapter, node):
+    target = _in(node, 0)
+    value = _attr(node, "value")
+    dtype = "fp32" if value is None else dtype_name(value.data_type)
+    if target is not None and target.contents is not None:
+        return [(tuple(target.contents), dtype)]
+    return [(None, dtype)]
+
+
+def _axes(axes, rank):
+    return sorted(a + rank if a < 0 else a for a in axes)
+
+
+def _unsqueeze(adapter, node):
+    shape = _shape(node, 0)
+    axes = _ints(adapter, node, 1, "axes")
+    if shape is None or axes is None:
+        return [(None, _dtype(node))]
+    rank = len(shape) + len(axes)
+    result, source = [], iter(shape)
+    normalized = set(_axes(axes, rank))
+    for axis in range(rank):
+        result.append(1 if axis in normalized else next(source))
+    return [(tuple(result), _dtype(node))]
+
+
+def _squeeze(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return [(None, _dtype(node))]
+    axes = _ints(adapter, node, 1, "axes")
+    if axes is None:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            return [(None, _dtype(node))]
+        if any(not is_literal(d) for d in shape):
+            return [(None, _dtype(node))]
+        return [(tuple(d for d in shape if d != 1), _dtype(node))]
+    drop = set(_axes(axes, len(shape)))
+    return [(tuple(d for axis, d in enumerate(shape) if axis not in drop), _dtype(node))]
+
+
+def _unsqueeze_contents(adapter, node):
+    # A scalar dim becomes a one-element shape vector; anything else is no
+    # longer a flat list of dims.
+    source = _in(node, 0)
+    if source is None or source.contents is None or source.shape != ():
+        return None
+    return list(source.contents)
+
+
+def _squeeze_contents(adapter, node):
+    source = _in(node, 0)
+    return None if source is None else source.contents
+
+
+def _concat(adapter, node):
+    shapes = [v.shape for v in node.inputs if v is not None]
+    if any(s is None for s in shapes) or not shapes:
+        return [(None, _dtype(node))]
+    rank = len(shapes[0])
+    axis = _attr(node, "axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    result = list(shapes[0])
+    total = 0
+    for shape in shapes:
+        if len(shape) != rank:
+            return [(None, _dtype(node))]
+        total = dims.add(total, shape[axis])
+    result[axis] = total
+    for other in shapes[1:]:
+        for position in range(rank):
+            if position != axis and result[position] is UNKNOWN:
+                result[position] = other[position]
+    return [(tuple(result), _dtype(node))]
+
+
+def _concat_contents(adapter, node):
+    contents = []
+    for value in node.inputs:
+        if value is None or value.contents is None:
+            return None
+        contents.extend(value.contents)
+    return contents
+
+
+def _gather(adapter, node):
+    data, indices = _shape(node, 0), _shape(node, 1)
+    if data is None or indices is None:
+        return [(None, _dtype(node))]
+    axis = _attr(node, "axis", 0)
+    axis = axis + len(data) if axis < 0 else axis
+    return [(tuple(data[:axis]) + tuple(indices) + tuple(data[axis + 1 :]), _dtype(node))]
+
+
+def _gather_contents(adapter, node):
+    data, indices = _in(node, 0), _in(node, 1)
+    if data is None or data.contents is None or indices is None or _attr(node, "axis", 0) != 0:
+        return None
+    constant = adapter.constant(indices)
+    if constant is None:
+        return None
+    picked = [data.contents[int(i)] for i in np.asarray(constant).reshape(-1)]
+    return picked
+
+
+def _slice_parameters(adapter, node):
+    if len(node.inputs) == 1:  # opset < 10: attributes
+        return _attr(node, "starts"), _attr(node, "ends"), _attr(node, "axes"), None
+    starts, ends = _ints(adapter, node, 1), _ints(adapter, node, 2)
+    axes = _ints(adapter, node, 3) if _in(node, 3) is not None else None
+    steps = _ints(adapter, node, 4) if _in(node, 4) is not None else None
+    return starts, ends, axes, steps
+
+
+def _slice_dims(sequence, start, end, step):
+    return list(sequence[slice(start, end, step)])
+
+
+def _slice(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return [(None, _dtype(node))]
+    starts, ends, axes, steps = _slice_parameters(adapter, node)
+    if starts is None or ends is None:
+        return [((UNKNOWN,) * len(shape), _dtype(node))]
+    axes = list(range(len(starts))) if axes is None else [a + len(shape) if a < 0 else a for a in axes]
+    steps = steps or [1] * len(starts)
+    result = list(shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        dim = shape[axis]
+        if is_literal(dim):
+            result[axis] = len(range(*slice(start, end, step).indices(int(dim))))
+        elif start == 0 and step == 1 and end >= 2**62:
+            result[axis] = dim
+        else:
+            result[axis] = UNKNOWN
+    return [(tuple(result), _dtype(node))]
+
+
+def _slice_contents(adapter, node):
+    source = _in(node, 0)
+    if source is None or source.contents is None:
+        return None
+    starts, ends, axes, steps = _slice_parameters(adapter, node)
+    if starts is None or ends is None or len(starts) != 1 or (axes not in (None, [0], [-1])):
+        return None
+    step = (steps or [1])[0]
+    return _slice_dims(source.contents, starts[0], ends[0], step)
+
+
+def _elementwise_contents(operation):
+    def contents(adapter, node):
+        left, right = _in(node, 0), _in(node, 1)
+        if left is None or right is None or left.contents is None or right.contents is None:
+            return None
+        a, b = left.contents, right.contents
+        if len(a) == 1 and len(b) > 1:
+            a = a * len(b)
+        if len(b) == 1 and len(a) > 1:
+            b = b * len(a)
+        if len(a) != len(b):
+            return None
+        return [operation(x, y) for x, y in zip(a, b)]
+
+    return contents
+
+
+def _equal_contents(adapter, node):
+    left, right = _in(node, 0), _in(node, 1)
+    if left is None or right is None or left.contents is None or right.contents is None:
+        return None
+    a, b = left.contents, right.contents
+    if len(b) == 1:
+        b = b * len(a)
+    if len(a) == 1:
+        a = a * len(b)
+    if len(a) != len(b):
+        return None
+    result = []
+    for x, y in zip(a, b):
+        if is_literal(x) and is_literal(y):
+            result.append(x == y)
+        elif x == y:
+            result.append(True)
+        elif (is_literal(y) and y < 0 and dims.is_plain_dim(x)) or (is_literal(x) and x < 0 and dims.is_plain_dim(y)):
+            result.append(False)  # a size is never negative
+        else:
+            result.append(UNKNOWN)
+    return result
+
+
+def _where_contents(adapter, node):
+    condition, left, right = _in(node, 0), _in(node, 1), _in(node, 2)
+    if any(v is None or v.contents is None for v in (condition, left, right)):
+        return None
+    size = max(len(condition.contents), len(left.contents), len(right.contents))
+
+    def widen(items):
+        return items * size if len(items) == 1 else items
+
+    c, a, b = widen(condition.contents), widen(left.contents), widen(right.contents)
+    if not len(c) == len(a) == len(b) == size:
+        return None
+    result = []
+    for choose, x, y in zip(c, a, b):
+        if choose is True:
+            result.append(x)
+        elif choose is False:
+            result.append(y)
+        else:
+            return None
+    return result
+
+
+def _passthrough_contents(adapter, node):
+    source = _in(node, 0)
+    return None if source is None else source.contents
+
+
+def _reshape(adapter, node):
+    shape, target = _shape(node, 0), _in(node, 1)
+    if target is None or target.contents is None:
+        if target is not None and target.shape is not None and len(target.shape) == 1 and is_literal(target.shape[0]):
+            return [((UNKNOWN,) * int(target.shape[0]), _dtype(node))]
+        return [(None, _dtype(node))]
+    allow_zero = _attr(node, "allowzero", 0)
+    result = []
+    for position, dim in enumerate(target.contents):
+        if dim == 0 and not allow_zero:
+            result.append(shape[position] if shape is not None and position < len(shape) else UNKNOWN)
+        elif is_literal(dim) and dim < 0:
+            result.append(UNKNOWN)
+        else:
+            result.append(dim)
+    if UNKNOWN in result and shape is not None and all(is_literal(d) for d in shape):
+        known = [d for d in result if d is not UNKNOWN]
+        if result.count(UNKNOWN) == 1 and all(is_literal(d) for d in known):
+            total = int(np.prod(shape)) if shape else 1
+            rest = int(np.prod(known)) if known else 1
+            if rest and total % rest == 0:
+                result[result.index(UNKNOWN)] = total // rest
+    return [(tuple(result), _dtype(node))]
+
+
+def _transpose(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return [(None, _dtype(node))]
+    perm = _attr(node, "perm")
+    perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
+    return [(tuple(shape[p] for p in perm), _dtype(node))]
+
+
+def _matmul(adapter, node):
+    left, right = _shape(node, 0), _shape(node, 1)
+    if left is None or right is None or not left or not right:
+        return [(None, _dtype(node))]
+    a = (1,) + tuple(left) if len(left) == 1 else tuple(left)
+    b = tuple(right) + (1,) if len(right) == 1 else tuple(right)
+    batch = dims.broadcast_shapes(a[:-2], b[:-2])
+    result = tuple(batch) + (a[-2], b[-1])
+    if len(left) == 1:
+        result = result[:-2] + result[-1:]
+    if len(right) == 1:
+        result = result[:-1]
+    return [(result, _dtype(node))]
+
+
+def _reduce(adapter, node):
+    shape = _shape(node, 0)
+    if shape is None:
+        return [(None, _dtype(node))]
+    keepdims = _attr(node, "keepdims", 1)
+    axes = _ints(adapter, node, 1, "axes")
+    if axes is None:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            return [(None, _dtype(node))]
+        if _attr(node, "noop_with_empty_axes", 0):
+            return [(shape, _dtype(node))]
+        axes = list(range(len(shape)))
+    reduced = set(_axes(axes, len(shape)))
+    result = []
+    for axis, dim in enumerate(shape):
+        if axis in reduced:
+            if keepdims:
+                result.append(1)
+        else:
+            result.append(dim)
+    return [(tuple(result), _dtype(node))]
+
+
+_UNARY = (
+    "Abs Acos Acosh Asin Asinh Atan Atanh BitwiseNot Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu HardSigmoid "
+    "HardSwish Identity IsInf IsNaN LeakyRelu Log LogSoftmax Mish Neg Not Reciprocal Relu Round Selu Shrink "
+    "Sigmoid Sign Sin Sinh Softmax Softplus Softsign Sqrt Tan Tanh ThresholdedRelu Hardmax CumSum "
+    "LayerNormalization RMSNormalization Dropout PRelu Clip CastLike"
+).split()
+_BROADCASTING = "Add Sub Mul Div Pow Mod Max Min Sum Mean BitShift BitwiseAnd BitwiseOr BitwiseXor".split()
+_COMPARISONS = "Equal Less LessOrEqual Greater GreaterOrEqual And Or Xor".split()
+
+_RULES = {
+    **{name: _same for name in _UNARY},
+    **{name: _broadcast for name in _BROADCASTING},
+    **{name: _compare for name in _COMPARISONS},
+    "Where": _where,
+    "Expand": _expand,
+    "Tile": _tile,
+    "Shape": _shape_op,
+    "Cast": _cast,
+    "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": _concat,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "MatMul": _matmul,
+    **{name: _reduce for name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceL1 "
+       "ReduceLogSum ReduceLogSumExp ReduceSumSquare".split()},
+}
+_RULES["CastLike"] = lambda adapter, node: [(_shape(node, 0), _dtype(node, 1))]
+
+_CONTENTS = {
+    "Shape": _shape_contents,
+    "Concat": _concat_contents,
+    "Gather": _gather_contents,
+    "Slice": _slice_contents,
+    "Unsqueeze": _unsqueeze_contents,
+    "Squeeze": _squeeze_contents,
+    "Cast": _passthrough_contents,
+    "Identity": _passthrough_contents,
+    "Add": _elementwise_contents(dims.add),
+    "Sub": _elementwise_contents(dims.subtract),
+    "Mul": _elementwise_contents(dims.multiply),
+    "Equal": _equal_contents,
+    "Where": _where_contents,
+}
