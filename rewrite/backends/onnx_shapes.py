@@ -469,26 +469,33 @@ def _equal_contents(adapter, node):
 
 
 def _where_contents(adapter, node):
+    # Only the chosen side of each element needs to be known.
     condition, left, right = _in(node, 0), _in(node, 1), _in(node, 2)
-    if any(v is None or v.contents is None for v in (condition, left, right)):
+    if condition is None or condition.contents is None or left is None or right is None:
         return None
-    size = max(len(condition.contents), len(left.contents), len(right.contents))
+    sides = [v.contents for v in (left, right)]
+    size = max([len(condition.contents)] + [len(side) for side in sides if side is not None])
 
     def widen(items):
+        if items is None:
+            return [UNKNOWN] * size
         return items * size if len(items) == 1 else items
 
-    c, a, b = widen(condition.contents), widen(left.contents), widen(right.contents)
+    c, a, b = widen(condition.contents), widen(sides[0]), widen(sides[1])
     if not len(c) == len(a) == len(b) == size:
         return None
-    result = []
-    for choose, x, y in zip(c, a, b):
-        if choose is True:
-            result.append(x)
-        elif choose is False:
-            result.append(y)
-        else:
-            return None
-    return result
+    result = [x if choose is True else y if choose is False else UNKNOWN for choose, x, y in zip(c, a, b)]
+    return None if all(element is UNKNOWN for element in result) else result
+
+
+def _constant_of_shape_contents(adapter, node):
+    target, value = _in(node, 0), _attr(node, "value")
+    if target is None or target.contents is None or len(target.contents) != 1 or value is None:
+        return None
+    length, fill = target.contents[0], numpy_helper.to_array(value).reshape(-1)
+    if not is_literal(length) or length > 64 or fill.dtype.kind not in "iu":
+        return None
+    return [int(fill[0])] * int(length)
 
 
 def _passthrough_contents(adapter, node):
@@ -615,4 +622,5 @@ _CONTENTS = {
     "Mul": _elementwise_contents(dims.multiply),
     "Equal": _equal_contents,
     "Where": _where_contents,
+    "ConstantOfShape": _constant_of_shape_contents,
 }
