@@ -498,9 +498,34 @@ def _constant_of_shape_contents(adapter, node):
     return [int(fill[0])] * int(length)
 
 
+def _flatten_contents(adapter, node):
+    # Reshaping a shape vector to one dimension keeps its elements in order.
+    source, output = _in(node, 0), node.outputs[0]
+    if source is None or source.contents is None or source.shape is None or len(source.shape) > 1:
+        return None
+    if output.shape is None or len(output.shape) != 1:
+        return None
+    return list(source.contents)
+
+
 def _passthrough_contents(adapter, node):
     source = _in(node, 0)
     return None if source is None else source.contents
+
+
+def _range(adapter, node):
+    start, limit, delta = (_in(node, position) for position in range(3))
+    known = [
+        v.contents[0] if v is not None and v.contents and v.shape == () else UNKNOWN for v in (start, limit, delta)
+    ]
+    first, last, step = known
+    if first == 0 and step == 1 and last is not UNKNOWN:
+        length = last if not is_literal(last) else max(int(last), 0)
+    elif all(is_literal(v) for v in known) and step != 0:
+        length = max(int(np.ceil((last - first) / step)), 0)
+    else:
+        length = UNKNOWN
+    return [((length,), _dtype(node))]
 
 
 def _reshape(adapter, node):
@@ -601,6 +626,7 @@ _RULES = {
     "Gather": _gather,
     "Slice": _slice,
     "Reshape": _reshape,
+    "Range": _range,
     "Transpose": _transpose,
     "MatMul": _matmul,
     **{name: _reduce for name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceL1 "
@@ -617,6 +643,7 @@ _CONTENTS = {
     "Squeeze": _squeeze_contents,
     "Cast": _passthrough_contents,
     "Identity": _passthrough_contents,
+    "Reshape": _flatten_contents,
     "Add": _elementwise_contents(dims.add),
     "Sub": _elementwise_contents(dims.subtract),
     "Mul": _elementwise_contents(dims.multiply),

@@ -31,7 +31,9 @@ def node(op_type, inputs, outputs, **attributes):
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=OPSET, value_info=()):
-    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
+    graph = helper.make_graph(
+        nodes, "test", inputs, outputs, initializer=list(initializers), value_info=list(value_info)
+    )
     built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     onnx.checker.check_model(built, full_check=True)
     return built

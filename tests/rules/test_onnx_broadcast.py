@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 from onnx_cases import (
     BOOL,
     FLOAT,
@@ -15,7 +16,6 @@ from onnx_cases import (
     rewrite_and_compare,
     tensor,
 )
-from onnx import helper
 
 
 def _mean_times_x(consumer="Mul", shape_from="shape_of_x"):
@@ -132,7 +132,8 @@ def test_prelu_slope_is_one_way_and_kept():
 def test_expand_in_front_of_prelus_x_is_kept():
     nodes = [node("Expand", ["x", "s"], ["e"]), node("PRelu", ["e", "slope"], ["y"])]
     built = model(nodes, [tensor("x", FLOAT, [1, 16])], [tensor("y", FLOAT, [4, 16])],
-                  [initializer("s", np.array([4, 16], np.int64)), initializer("slope", np.full((4, 16), 0.1, np.float32))])
+                  [initializer("s", np.array([4, 16], np.int64)),
+                   initializer("slope", np.full((4, 16), 0.1, np.float32))])
     outcome = rewrite_and_compare(built, [{"x": floats(1, 16)}, {"x": floats(1, 16, seed=2)}])
     assert outcome.fired == 0
 

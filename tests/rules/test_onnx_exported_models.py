@@ -1,0 +1,76 @@
+"""The ONNX rules on real exporter output: small torch models, both exporters.
+
+The models are made by tests/backends/onnx_models/export_models.py (torch
+2.13, dynamic batch and sequence dims) and committed. For each, which Expand
+and Tile nodes go is pinned below, with the reason the others stay, and
+onnxruntime must give the same outputs before and after at two shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx_cases import RULES, run
+
+MODELS = Path(__file__).resolve().parent.parent / "backends" / "onnx_models"
+MANIFEST = json.loads((MODELS / "manifest.json").read_text())
+
+# file -> the Expand/Tile nodes the shipped rules remove. Every other one stays, because:
+#   position_ids / mask-index Expands feed Slice, Concat, GatherND or Unsqueeze (not broadcasting);
+#   key/value head repeats feed Reshape;
+#   gpt2_torchscript's mask Expand feeds Where with two scalars: only it carries the output shape.
+REMOVED = {
+    "layernorm_dynamo.onnx": [],
+    "layernorm_torchscript.onnx": [],
+    "rmsnorm_dynamo.onnx": [],
+    "rmsnorm_torchscript.onnx": [],
+    "masked_softmax_dynamo.onnx": ["node_expand", "node_full_like"],
+    "masked_softmax_torchscript.onnx": ["/Expand"],
+    "attention_dynamo.onnx": ["node_expand", "node_full_like"],
+    "attention_torchscript.onnx": ["/Expand"],
+    "llama_dynamo.onnx": [],
+    # The mask Expand's input already has the target shape: a no-op.
+    "llama_torchscript.onnx": ["/model/model/Expand"],
+    "gpt2_dynamo.onnx": [],
+    "gpt2_torchscript.onnx": [],
+}
+
+
+def _feeds(entry: dict, shape: dict, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, dims in shape["inputs"].items():
+        hint = entry["input_generation"][name]
+        if hint["kind"] == "randint":
+            feeds[name] = rng.integers(hint["low"], hint["high"], size=dims).astype(hint["dtype"])
+        else:
+            feeds[name] = rng.standard_normal(size=dims).astype(hint["dtype"])
+    return feeds
+
+
+def _expands(model: onnx.ModelProto) -> list[str]:
+    return [n.name for n in model.graph.node if n.op_type in ("Expand", "Tile")]
+
+
+@pytest.mark.parametrize("entry", MANIFEST["files"], ids=[e["file"] for e in MANIFEST["files"]])
+def test_exported_model(entry):
+    model = onnx.load(str(MODELS / entry["file"]))
+    feeds = [_feeds(entry, shape, seed) for seed, shape in enumerate(entry["test_shapes"])]
+    assert len({tuple(f[k].shape for k in sorted(f)) for f in feeds}) == 2  # two different shapes
+    expected = [run(model, f) for f in feeds]
+    before = _expands(model)
+    nodes_before = len(model.graph.node)
+    statistics = RULES.apply(model)
+    onnx.checker.check_model(model, full_check=True)
+    after = _expands(model)
+    assert sorted(set(before) - set(after)) == sorted(REMOVED[entry["file"]])
+    assert statistics.fires == len(REMOVED[entry["file"]])
+    assert len(model.graph.node) <= nodes_before - len(REMOVED[entry["file"]])
+    for feed, outputs in zip(feeds, expected):
+        for old, new in zip(outputs, run(model, feed)):
+            assert old.shape == new.shape and old.dtype == new.dtype
+            np.testing.assert_allclose(new, old, rtol=1e-6, atol=1e-6)
