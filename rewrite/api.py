@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,16 +55,19 @@ class RuleSet:
         return driver.run()
 
 
-def load_rules(*paths: str | Path) -> RuleSet:
+def load_rules(*paths: str | Path, dialects: Sequence[str] | None = None) -> RuleSet:
     """Load `.rules` files or folders of them (all `.rules` files below a folder).
 
-    With no path, loads the shipped rule library. Raises `RuleError` listing
-    every error, each with `file:line:col`.
+    With no path, loads the shipped rule library. With `dialects` (e.g.
+    `["onnx"]`), only rules of those dialects are checked and loaded. Raises
+    `RuleError` listing every error, each with `file:line:col`.
     """
     if not paths:
         paths = (resources.rules_path(),)
     predicates = {name: p.signature for name, p in registered_predicates().items()}
-    loaded = load_rule_files(paths, backends.schema_for, predicates)
+    loaded = load_rule_files(
+        paths, backends.schema_for, predicates, dialects=dialects, known_dialects=backends.dialects()
+    )
     return RuleSet(loaded.rules, loaded.warnings, loaded.files)
 
 

@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _load_rules(paths):
+def _load_rules(paths, dialect: str):
     import rewrite
 
     try:
-        return rewrite.load_rules(*paths)
+        return rewrite.load_rules(*paths, dialects=[dialect])
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
@@ -178,7 +178,7 @@ def _apply(arguments) -> int:
     if not destination.parent.exists():
         raise UserError(f"{destination.parent}: no such directory")
 
-    rule_set = _load_rules(arguments.rules or [])
+    rule_set = _load_rules(arguments.rules or [], model.format)
     if arguments.rule:
         try:
             rule_set = rule_set.only(*arguments.rule)

@@ -8,7 +8,7 @@ files are collected before it raises, so one run shows every mistake.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +121,14 @@ def load_rule_files(
     paths: Sequence[str | Path],
     schema_for: SchemaLookup,
     predicates: dict[str, Signature] | None = None,
+    dialects: Collection[str] | None = None,
+    known_dialects: Collection[str] = (),
 ) -> LoadedRules:
     """Parse and check every rules file named by `paths` (files or folders).
 
+    With `dialects`, files of other dialects (among `known_dialects`) are
+    parsed but neither checked nor loaded: checking needs the dialect's op
+    schema, and importing a backend's IR library is not free.
     Raises `RuleError` with every error found; warnings are returned.
     """
     loader = _Loader(schema_for, predicates or {})
@@ -147,6 +152,8 @@ def load_rule_files(
             loader.diagnostics.append(source.diagnostic(
                 source.span_at(1, 1), "missing 'dialect' declaration (e.g. 'dialect mil')"
             ))
+            continue
+        if dialects is not None and rule_file.dialect not in dialects and rule_file.dialect in known_dialects:
             continue
         schema = loader.schema_for(rule_file.dialect)
         if schema is None:

@@ -20,12 +20,17 @@ from rewrite.language.errors import RuleError, SourceText
 
 @functools.lru_cache(maxsize=1)
 def grammar_parser() -> lark.Lark:
-    """The lark parser for grammar.lark, built once per process."""
+    """The lark parser for grammar.lark, built once per process.
+
+    lark caches the LALR tables on disk, keyed by a hash of the grammar and
+    options, so a short CLI run does not rebuild them.
+    """
     return lark.Lark(
         resources.grammar_text(),
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=True,
+        cache=True,
     )
 
 
