@@ -85,15 +85,20 @@ class Value:
     """A name defined in one graph: a graph input, an initializer or a node output."""
 
     __slots__ = (
-        "name", "graph", "producer", "uses", "output_of", "initializer", "shape", "dtype", "contents", "_constant",
+        "name", "graph", "producer", "uses", "dead_uses", "output_of", "initializer", "shape", "dtype", "contents",
+        "_constant",
     )
 
     def __init__(self, name: str, graph: Graph, producer: Node | None = None):
         self.name = name
         self.graph = graph
         self.producer = producer
+        # Nodes using the value, in order; removed nodes are dropped lazily
+        # (see `_drop_use`) so that a value shared by thousands of nodes, such
+        # as a common initializer, loses a use in amortized O(1).
         self.uses: list[Node] = []
-        self.output_of: list[Graph] = []  # graphs (this one or nested ones) that output it
+        self.dead_uses = 0
+        self.output_of: tuple[Graph, ...] = ()  # graphs (this one or nested ones) that output it
         self.initializer: onnx.TensorProto | None = None
         self.shape: tuple | None = None
         self.dtype: str | None = None
@@ -112,9 +117,10 @@ class Node:
     def __init__(self, proto: onnx.NodeProto, graph: Graph):
         self.proto = proto
         self.graph = graph
-        self.inputs: list[Value | None] = []
-        self.outputs: list[Value] = []
-        self.blocks: list[Graph] = []
+        # Tuples, built once: at 100k nodes every list header counts.
+        self.inputs: tuple[Value | None, ...] = ()
+        self.outputs: tuple[Value | None, ...] = ()
+        self.blocks: tuple[Graph, ...] = ()
         self.live = True
 
     def __repr__(self) -> str:
@@ -179,22 +185,25 @@ class OnnxAdapter:
             value.dtype = onnx_shapes.dtype_name(tensor.data_type)
         for node_proto in proto.node:
             node = Node(node_proto, graph)
+            inputs = []
             for name in node_proto.input:
                 value = graph.lookup(name) if name else None
                 if name and value is None:
                     label = node_proto.name or node_proto.op_type
                     raise OnnxError(f"node '{label}' uses '{name}', which is never defined")
-                node.inputs.append(value)
+                inputs.append(value)
                 if value is not None:
                     value.uses.append(node)
-            for name in node_proto.output:
-                value = self._define(graph, name, node) if name else None
-                node.outputs.append(value)
-            for attribute in node_proto.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    node.blocks.append(self._index_graph(attribute.g, graph, node))
-                elif attribute.type == onnx.AttributeProto.GRAPHS:
-                    node.blocks.extend(self._index_graph(g, graph, node) for g in attribute.graphs)
+            node.inputs = tuple(inputs)
+            node.outputs = tuple(self._define(graph, name, node) if name else None for name in node_proto.output)
+            if node_proto.attribute:
+                blocks = []
+                for attribute in node_proto.attribute:
+                    if attribute.type == onnx.AttributeProto.GRAPH:
+                        blocks.append(self._index_graph(attribute.g, graph, node))
+                    elif attribute.type == onnx.AttributeProto.GRAPHS:
+                        blocks.extend(self._index_graph(g, graph, node) for g in attribute.graphs)
+                node.blocks = tuple(blocks)
             graph.nodes.append(node)
         for name, info in declared.items():
             value = graph.values.get(name)
@@ -205,7 +214,7 @@ class OnnxAdapter:
             if value is None:
                 raise OnnxError(f"graph output '{info.name}' is never defined")
             graph.outputs.append(value)
-            value.output_of.append(graph)
+            value.output_of += (graph,)
             onnx_shapes.declare(value, info, trusted=False)
         return graph
 
@@ -300,10 +309,7 @@ class OnnxAdapter:
         return value.graph
 
     def consumers(self, value: Value) -> Sequence[Node]:
-        uses = value.uses
-        if len(uses) < 2:
-            return list(uses)
-        return list(dict.fromkeys(uses))
+        return _live_uses(value)
 
     def is_block_output(self, value: Value) -> bool:
         return _is_output(value)
@@ -372,30 +378,30 @@ class OnnxAdapter:
 
     def _insert(self, proto: onnx.NodeProto, graph: Graph, before: Node) -> Node:
         node = Node(proto, graph)
-        for input_name in proto.input:
-            value = graph.lookup(input_name) if input_name else None
-            node.inputs.append(value)
+        node.inputs = tuple(graph.lookup(input_name) if input_name else None for input_name in proto.input)
+        for value in node.inputs:
             if value is not None:
                 value.uses.append(node)
-        node.outputs = [self._define(graph, output, node) for output in proto.output]
+        node.outputs = tuple(self._define(graph, output, node) for output in proto.output)
         graph.inserted.setdefault(id(before), []).append(node)
         graph.dirty = True
         onnx_shapes.infer_node(self, node)
         return node
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
-        for node in list(dict.fromkeys(old.uses)):
+        for node in _live_uses(old):
             for position, value in enumerate(node.inputs):
                 if value is old:
-                    node.inputs[position] = new
                     node.proto.input[position] = new.name
-                    new.uses.append(node)
-        old.uses.clear()
+            node.inputs = tuple(new if value is old else value for value in node.inputs)
+            new.uses.append(node)
+        old.uses = []
+        old.dead_uses = 0
         if _is_output(old):
             self._replace_output(old, new)
 
     def _replace_output(self, old: Value, new: Value) -> None:
-        for graph in list(dict.fromkeys(old.output_of)):
+        for graph in dict.fromkeys(old.output_of):
             for position, value in enumerate(graph.outputs):
                 if value is not old:
                     continue
@@ -405,9 +411,9 @@ class OnnxAdapter:
                 else:
                     # Subgraph outputs bind by position; the name may change.
                     graph.outputs[position] = new
-                    new.output_of.append(graph)
+                    new.output_of += (graph,)
                     graph.dirty = True
-        old.output_of.clear()
+        old.output_of = ()
 
     def _take_output_name(self, graph: Graph, position: int, old: Value, new: Value) -> None:
         name = old.name
@@ -416,24 +422,24 @@ class OnnxAdapter:
             new.producer is not None
             and new.graph is graph
             and not _is_output(new)
-            and all(use.graph is graph for use in new.uses)
+            and all(use.graph is graph for use in _live_uses(new))
         )
         if renamable:
             self._rename(new, name)
             graph.outputs[position] = new
-            new.output_of.append(graph)
+            new.output_of += (graph,)
         else:
             # An input, an initializer or another output cannot give up its
             # name: bridge with Identity, placed last in the graph.
             proto = helper.make_node("Identity", [new.name], [name], name=self._fresh_name(name + "_bridge"))
             node = Node(proto, graph)
-            node.inputs = [new]
+            node.inputs = (new,)
             new.uses.append(node)
-            node.outputs = [self._define(graph, name, node)]
+            node.outputs = (self._define(graph, name, node),)
             node.outputs[0].shape, node.outputs[0].dtype = new.shape, new.dtype
             graph.nodes.append(node)
             graph.outputs[position] = node.outputs[0]
-            node.outputs[0].output_of.append(graph)
+            node.outputs[0].output_of += (graph,)
         graph.dirty = True
 
     def _rename(self, value: Value, name: str) -> None:
@@ -444,7 +450,7 @@ class OnnxAdapter:
             for position, output in enumerate(outputs):
                 if output == value.name:
                     outputs[position] = name
-        for use in value.uses:
+        for use in _live_uses(value):
             for position, input_name in enumerate(use.proto.input):
                 if input_name == value.name and use.inputs[position] is value:
                     use.proto.input[position] = name
@@ -455,7 +461,7 @@ class OnnxAdapter:
         op.live = False
         for value in op.inputs:
             if value is not None:
-                value.uses = [use for use in value.uses if use is not op]
+                _drop_use(value, op)
         for value in op.outputs:
             if value is not None:
                 op.graph.values.pop(value.name, None)
@@ -474,15 +480,10 @@ class OnnxAdapter:
         self._place_inserted(graph)
         graph.nodes = [node for node in graph.nodes if node.live]
         protos = [node.proto for node in graph.nodes]
-        # Node protos are owned by the repeated field; copy them out before
-        # clearing it, then put them back in the new order.
-        copies = []
-        for proto in protos:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(proto)
-            copies.append(copy)
+        # Clearing the repeated field detaches the messages we still hold;
+        # extending copies them back in, in the new order.
         del graph.proto.node[:]
-        graph.proto.node.extend(copies)
+        graph.proto.node.extend(protos)
         for node, proto in zip(graph.nodes, graph.proto.node):
             node.proto = proto
         outputs = {info.name for info in graph.proto.output}
@@ -492,14 +493,33 @@ class OnnxAdapter:
         live_names = {name for node in graph.nodes for name in node.proto.output} | outputs
         kept = [info for info in graph.proto.value_info if info.name in live_names]
         if len(kept) != len(graph.proto.value_info):
-            saved = []
-            for info in kept:
-                copy = onnx.ValueInfoProto()
-                copy.CopyFrom(info)
-                saved.append(copy)
             del graph.proto.value_info[:]
-            graph.proto.value_info.extend(saved)
+            graph.proto.value_info.extend(kept)
         graph.dirty = False
+
+
+def _live_uses(value: Value) -> list[Node]:
+    """The distinct live nodes using `value`, in order."""
+    uses = value.uses
+    if value.dead_uses:
+        uses = [use for use in uses if use.live]
+    if len(uses) < 2:
+        return list(uses)
+    return list(dict.fromkeys(uses))
+
+
+def _drop_use(value: Value, node: Node) -> None:
+    # Small lists shrink at once; a long one (a value many nodes share) only
+    # counts the dead use and is compacted when half of it is dead, so that
+    # removing all its users costs linear time, not quadratic.
+    uses = value.uses
+    if len(uses) <= 8:
+        value.uses = [use for use in uses if use is not node]
+        return
+    value.dead_uses += 1  # at least one entry is dead: _live_uses must filter
+    if value.dead_uses * 2 > len(uses):
+        value.uses = [use for use in uses if use.live]
+        value.dead_uses = 0
 
 
 def _is_output(value: Value) -> bool:

@@ -257,3 +257,17 @@ def test_idempotent():
     text = built.SerializeToString()
     assert rewrite_and_compare(built, FEEDS).fired == 0
     assert built.SerializeToString() == text
+
+
+def test_many_expands_sharing_one_shape_initializer_all_go():
+    # The shared shape constant loses a use per rewrite; its use list is
+    # compacted lazily, and everything it feeds must still be right.
+    nodes, previous = [], "x"
+    for index in range(40):
+        nodes += [node("Expand", ["m", "s"], [f"e{index}"]), node("Mul", [previous, f"e{index}"], [f"y{index}"])]
+        previous = f"y{index}"
+    built = model(nodes, [tensor("x", FLOAT, [4, 16]), tensor("m", FLOAT, [4, 1])], [tensor(previous, FLOAT, [4, 16])],
+                  [initializer("s", np.array([1, 16], np.int64))])
+    feeds = [{"x": floats(4, 16), "m": np.full((4, 1), 1.01, np.float32)}]
+    outcome = rewrite_and_compare(built, feeds)
+    assert outcome.fired == 40 and outcome.after["Expand"] == 0
