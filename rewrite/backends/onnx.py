@@ -177,7 +177,9 @@ class OnnxAdapter:
         declared = {info.name: info for info in proto.value_info}
         for info in proto.input:
             value = self._define(graph, info.name, None)
-            onnx_shapes.declare(value, info, trusted=True)
+            # Only the model's own inputs are the user's declaration; a
+            # subgraph's (Loop and Scan bodies) were written by an exporter.
+            onnx_shapes.declare(value, info, trusted=parent is None)
         for tensor in proto.initializer:
             value = graph.values.get(tensor.name) or self._define(graph, tensor.name, None)
             value.initializer = tensor
