@@ -185,7 +185,10 @@ def _apply(arguments) -> int:
         except KeyError as error:
             raise UserError(error.args[0]) from None
 
-    model.load()
+    from rewrite.api import paused_garbage_collection
+
+    with paused_garbage_collection():
+        model.load()
     ops_before = model.count_ops()
 
     import rewrite
