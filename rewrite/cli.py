@@ -62,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--stats", action="store_true", help="also print attempts and time per rule")
     apply.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
+    explain = commands.add_parser("explain", help="say why each rule fires or not on each anchor")
+    explain.add_argument("rules", metavar="RULES", help="a .rules file or a folder of them")
+    explain.add_argument("model", metavar="MODEL", help="an .mlpackage or an .onnx file (not changed)")
+    explain.add_argument("--rule", metavar="NAME", help="only this rule")
+    explain.add_argument("--op", metavar="NAME", help="only the anchor op (or node) with this name")
+    explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
+
     check = commands.add_parser("check", help="parse and check rules files")
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     return parser
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "apply":
             return _apply(arguments)
+        if arguments.command == "explain":
+            return _explain(arguments)
         return _check(arguments)
     except UserError as error:
         print(f"rewrite: error: {error}", file=sys.stderr)
@@ -156,6 +165,34 @@ class _Model:
             from rewrite.backends.onnx import save_onnx
 
             save_onnx(self.program, path, external_data=self._saved_with)
+
+
+def _explain(arguments) -> int:
+    model = _Model(Path(arguments.model))
+    if not model.path.exists():
+        raise UserError(f"{model.path}: no such file or directory")
+    if not Path(arguments.rules).exists():
+        raise UserError(f"{arguments.rules}: no such file or directory")
+    rule_set = _load_rules([arguments.rules], model.format)
+    if arguments.rule and arguments.rule not in {r.name for r in rule_set.rules}:
+        raise UserError(f"no rule named '{arguments.rule}' for {model.format} in {arguments.rules}")
+    model.load()
+
+    from rewrite import backends
+    from rewrite.engine.explain import explain, format_text
+    from rewrite.predicates import registered_predicates
+
+    adapter = backends.adapter_for(model.program)
+    explanations = explain(
+        rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op
+    )
+    if arguments.json:
+        print(json.dumps([e.as_dict() for e in explanations], indent=2))
+    elif explanations:
+        print(format_text(explanations))
+    else:
+        print("no candidate anchors")
+    return EXIT_OK
 
 
 def _apply(arguments) -> int:

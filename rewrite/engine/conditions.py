@@ -34,6 +34,10 @@ class Failure:
     expr: Any
     truth: Truth
     bindings: tuple[tuple[str, Any], ...]  # quantifier variables and uses in force, unformatted
+    # Recorded only when explaining: every binding in force, and for a failed
+    # comparison the values of its two sides.
+    env: dict | None = None
+    sides: tuple[Any, Any] | None = None
 
 
 def conjuncts(expr) -> list:
@@ -52,6 +56,7 @@ class Evaluator:
         self.predicates = predicates
         self.context = PredicateContext(adapter)
         self.failure: Failure | None = None
+        self.explaining = False
         # Quantifier variables in force, kept raw: formatting them is only
         # worth it when a failure is reported, not on every iteration.
         self._scope: list[tuple[str, Any]] = []
@@ -84,19 +89,27 @@ class Evaluator:
                         return result, (final if result is Truth.YES else None)
                     best = best | truth
                 if best is Truth.NO and self.failure is None:
-                    self._fail(head, Truth.NO)
+                    self._fail(head, Truth.NO, env)
                 return result & best, None
             truth = self.truth(head, env)
             if truth is not Truth.YES:
-                self._fail(head, truth)
+                self._fail(head, truth, env)
                 if truth is Truth.NO:
                     return truth, None
                 result = Truth.UNKNOWN
         return result, (env if result is Truth.YES else None)
 
-    def _fail(self, expr, truth: Truth) -> None:
-        if self.failure is None:
-            self.failure = Failure(expr, truth, tuple(self._scope))
+    def _fail(self, expr, truth: Truth, env: Environment, extra: tuple = ()) -> None:
+        if self.failure is not None:
+            return
+        bindings = tuple(self._scope) + extra
+        if not self.explaining:
+            self.failure = Failure(expr, truth, bindings)
+            return
+        sides = None
+        if isinstance(expr, ast.Compare):
+            sides = (self.value(expr.left, env), self.value(expr.right, env))
+        self.failure = Failure(expr, truth, bindings, dict(env), sides)
 
     def truth(self, expr, env: Environment) -> Truth:
         method = self._truth_of.get(type(expr))
@@ -180,22 +193,20 @@ class Evaluator:
                     body = self.truth(expr.body, scope)
             finally:
                 self._scope.pop()
+            if body is not Truth.YES:
+                # The first element whose body fails is the one to report.
+                self._fail(expr.body, body, scope or inner, ((expr.variable, element),))
             if forall:
                 result = result & (~selected | body)
                 if result is Truth.NO:
-                    self._fail_in_scope(expr, Truth.NO, expr.variable, element)
                     return result
             else:
                 result = result | (selected & body)
                 if result is Truth.YES:
                     return result
         if forall and result is not Truth.YES:
-            self._fail(expr, result)
+            self._fail(expr, result, env)
         return result
-
-    def _fail_in_scope(self, expr, truth, variable, element) -> None:
-        if self.failure is None:
-            self.failure = Failure(expr, truth, tuple(self._scope) + ((variable, element),))
 
     def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
         value = env[expr.of]
@@ -206,9 +217,12 @@ class Evaluator:
             inner[expr.variable] = outputs[0] if outputs else None
             self._scope.append((expr.variable, consumer))
             try:
-                result = result & self.truth(expr.body, inner)
+                truth = self.truth(expr.body, inner)
             finally:
                 self._scope.pop()
+            if truth is not Truth.YES:
+                self._fail(expr.body, truth, inner, ((expr.variable, consumer),))
+            result = result & truth
             if result is Truth.NO:
                 return result
         return result

@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Evaluator, Failure
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
+from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from rewrite.engine.rewriter import Rewriter, remove_dead
 from rewrite.language import ast
@@ -78,6 +79,22 @@ class UnsoundRewriteError(RuntimeError):
         super().__init__(f"rule '{rule}' changed a type it must keep: {detail}")
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What a rule would do on one anchor: fire, or not and why."""
+
+    rule: ast.Rule
+    anchor: Op
+    matched: bool  # the `match` clauses fit
+    truth: Truth  # the conditions' verdict (YES means it fires)
+    failure: Failure | None  # the first condition that did not hold
+    env: dict | None  # the bindings it would rewrite with
+
+    @property
+    def fires(self) -> bool:
+        return self.truth is Truth.YES
+
+
 class Driver:
     """Runs rules over one program through its adapter."""
 
@@ -133,22 +150,48 @@ class Driver:
                 if self.try_rule(rule, op):
                     fired.append(rule.name)
 
+    def decide(self, rule: ast.Rule, anchor: Op) -> Decision:
+        """Whether `rule` fires on `anchor` as the graph is now; changes nothing."""
+        matched = False
+        truth = Truth.NO
+        failure = None
+        for env in self.matcher.match_rule(rule, anchor):
+            matched = True
+            truth, final = self.evaluator.holds(self._conditions[rule.name], env)
+            if final is not None:
+                return Decision(rule, anchor, True, Truth.YES, None, final)
+            if failure is None:
+                failure = self.evaluator.failure
+        return Decision(rule, anchor, matched, truth, failure, None)
+
     def try_rule(self, rule: ast.Rule, anchor: Op) -> bool:
         """Match, check and, if everything holds, rewrite. True if the rule fired."""
         statistics = self.statistics.rules[rule.name]
         statistics.attempts += 1
         start = time.perf_counter()
         try:
-            for env in self.matcher.match_rule(rule, anchor):
-                truth, final = self.evaluator.holds(self._conditions[rule.name], env)
-                if final is not None:
-                    try:
-                        touched = self.rewriter.apply(rule, final, anchor)
-                    except TypeChangedError as error:
-                        raise UnsoundRewriteError(rule.name, str(error)) from None
-                    self.statistics.removed_ops += remove_dead(self.adapter, touched)
-                    statistics.fires += 1
-                    return True
-            return False
+            decision = self.decide(rule, anchor)
+            if not decision.fires:
+                return False
+            try:
+                touched = self.rewriter.apply(rule, decision.env, anchor)
+            except TypeChangedError as error:
+                raise UnsoundRewriteError(rule.name, str(error)) from None
+            self.statistics.removed_ops += remove_dead(self.adapter, touched)
+            statistics.fires += 1
+            return True
         finally:
             statistics.seconds += time.perf_counter() - start
+
+    def candidates(self, rule: ast.Rule):
+        """Every live op the rule is anchored on, in program order, nested blocks first."""
+
+        def walk(block):
+            for op in self.adapter.operations(block):
+                for nested in self.adapter.nested_blocks(op):
+                    yield from walk(nested)
+                if self.adapter.op_type(op) in rule.anchor.pattern.types:
+                    yield op
+
+        for block in self.adapter.top_blocks():
+            yield from walk(block)

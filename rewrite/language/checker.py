@@ -285,7 +285,23 @@ class Checker:
                 self.error(expr.span, f"'{expr.function}' needs the keyword argument '{name}='")
         return signature.result, scope
 
+    def _warn_runaway_body(self, expr: ast.Quantifier) -> None:
+        # A body reaches as far right as it can: `forall x in s: p(x) and q`
+        # quantifies q too, which over an empty domain makes it vacuously
+        # true. A conjunct that never mentions x was likely meant outside.
+        parts = _conjuncts(expr.body)
+        for part in parts[1:]:
+            if not _mentions(part, expr.variable):
+                self.warning(
+                    part.span,
+                    f"this is inside '{expr.kind} {expr.variable}' but does not use '{expr.variable}'; "
+                    f"a quantifier's body extends as far right as it can: parenthesize "
+                    f"'({expr.kind} {expr.variable} in ...: ...)' if it should end before this",
+                )
+                return
+
     def _expr_Quantifier(self, expr: ast.Quantifier, scope):
+        self._warn_runaway_body(expr)
         domain, _ = self.check_expr(expr.domain, scope)
         if domain not in (Type.LIST, Type.VALUE, Type.ANY):  # a value here: a rest operand's tuple
             self.error(expr.domain.span, f"the domain of '{expr.kind}' must be list, not {domain}")
@@ -394,6 +410,23 @@ class Checker:
             missing = [i.name for i in signature.inputs if not i.optional and i.name not in given]
             if missing:
                 self.error(build.span, f"op '{build.op}' needs operand(s) {', '.join(missing)}")
+
+
+def _conjuncts(expr) -> list:
+    if isinstance(expr, ast.And):
+        return _conjuncts(expr.left) + _conjuncts(expr.right)
+    return [expr]
+
+
+def _mentions(expr, name: str) -> bool:
+    """Whether `expr` refers to the quantifier variable `name` anywhere."""
+    if isinstance(expr, ast.NameRef):
+        return expr.name == name
+    if isinstance(expr, tuple):
+        return any(_mentions(item, name) for item in expr)
+    if not hasattr(expr, "__dataclass_fields__") or isinstance(expr, ast.Span):
+        return False
+    return any(_mentions(getattr(expr, field), name) for field in expr.__dataclass_fields__)
 
 
 def _substitute_patterns(expr, resolved: dict[int, ast.OpPattern]):

@@ -296,7 +296,7 @@ class _ToAst(Transformer):
 
     def compare(self, meta, children):
         left, operator, right = children
-        return ast.Compare(str(operator), left, right, self._token_span(operator))
+        return ast.Compare(str(operator), left, right, self._span(meta))
 
     def same_value(self, meta, children):
         left, var = children
@@ -376,7 +376,7 @@ class _ToAst(Transformer):
                 positional.append(argument[1])
             else:
                 keywords.append(argument)
-        return ast.Call(str(name), tuple(positional), tuple(keywords), self._token_span(name))
+        return ast.Call(str(name), tuple(positional), tuple(keywords), self._span(meta))
 
     def positional_argument(self, meta, children):
         return (None, children[0])

@@ -140,3 +140,26 @@ def test_rebuild_operands_are_checked_against_the_schema(write_rules):
     error, _ = _error(write_rules, text)
     assert "op 'tile' has no operand 'bogus'" in error.first.message
     assert (error.first.span.line, error.first.span.column) == (2, 65)
+
+
+def test_a_quantifier_body_that_runs_on_is_a_warning(write_rules):
+    text = """
+        dialect mil
+        rule r "d"
+          match %t = tile(x=%x, reps=%r)
+          where forall i in axes(%x): dim(%x, i) == 1 and rank(%x) == 2
+          rewrite %t -> %x
+        """
+    rule_set = rewrite.load_rules(write_rules(text))
+    (warning,) = rule_set.warnings
+    assert warning.severity == "warning"
+    assert "inside 'forall i' but does not use 'i'" in warning.message
+    assert (warning.span.line, warning.span.column) == (4, 51)
+    parenthesized = text.replace("where forall i in axes(%x): dim(%x, i) == 1",
+                                 "where (forall i in axes(%x): dim(%x, i) == 1)")
+    assert rewrite.load_rules(write_rules(parenthesized)).warnings == ()
+
+
+def test_the_shipped_library_has_no_warnings():
+    rule_set = rewrite.load_rules()
+    assert rule_set.warnings == (), [w.render() for w in rule_set.warnings]

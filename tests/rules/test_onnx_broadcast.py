@@ -271,3 +271,14 @@ def test_many_expands_sharing_one_shape_initializer_all_go():
     feeds = [{"x": floats(4, 16), "m": np.full((4, 1), 1.01, np.float32)}]
     outcome = rewrite_and_compare(built, feeds)
     assert outcome.fired == 40 and outcome.after["Expand"] == 0
+
+
+@pytest.mark.parametrize("op_type", ["Sum", "Max", "Min", "Mean"])
+def test_a_variadic_op_with_the_expand_as_its_only_input_is_kept(op_type):
+    # With no other operand nothing carries the widened size: bypassing
+    # would shrink the output from (4, 16) to (1, 16).
+    nodes = [node("Expand", ["x", "s"], ["e"]), node(op_type, ["e"], ["y"])]
+    built = model(nodes, [tensor("x", FLOAT, [1, 16])], [tensor("y", FLOAT, [4, 16])],
+                  [initializer("s", np.array([4, 16], np.int64))])
+    outcome = rewrite_and_compare(built, [{"x": floats(1, 16)}])
+    assert outcome.fired == 0 and outcome.after["Expand"] == 1
