@@ -136,3 +136,32 @@ def test_check_command(tmp_path):
     result = run("check", bad)
     assert result.returncode == 1
     assert f"{bad}:2:28: error: op 'tile' has no operand 'z'" in result.stderr
+
+
+def test_explain_on_mil_and_onnx_never_changes_the_model(example, tmp_path):
+    before = sorted((p.relative_to(example), p.read_bytes()) for p in example.rglob("*") if p.is_file())
+    result = run("explain", REPO / "rules", example)
+    assert result.returncode == 0, result.stderr
+    assert "remove_broadcast_tiles @ inverse_rms_tiled  FIRES" in result.stdout
+    assert sorted((p.relative_to(example), p.read_bytes()) for p in example.rglob("*") if p.is_file()) == before
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Expand", ["m", "s"], ["e"], name="widen"),
+             helper.make_node("Mul", ["e", "y"], ["out"], name="scale")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16]),
+                                           helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 16]),
+                                           helper.make_tensor_value_info("y", TensorProto.FLOAT, ["c", 16])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, 16])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    data = path.read_bytes()
+    result = run("explain", REPO / "rules", path, "--json")
+    assert result.returncode == 0, result.stderr
+    (item,) = json.loads(result.stdout)
+    assert item["anchor"] == "widen" and not item["fired"] and item["truth"] == "unknown"
+    assert item["values"] == ["aligned_dim(other, axis, of=%e) = c", "dim(%e, axis) = b"]
+    assert "%u = scale" in item["path"] and "axis = 0" in item["path"]
+    assert path.read_bytes() == data
+    assert run("explain", REPO / "rules", path, "--rule", "nope").returncode == 2

@@ -60,6 +60,10 @@ class _Sources:
             return " ".join(part for part in parts if part)
         return lines[span.line - 1][span.column - 1 :].strip()
 
+    def line(self, file: str, number: int) -> str:
+        lines = self._read(file)
+        return lines[number - 1].strip() if 1 <= number <= len(lines) else ""
+
     def _read(self, file: str) -> list[str]:
         if file not in self._lines:
             try:
@@ -128,7 +132,8 @@ def _explain_one(decision, anchor_name: str, adapter: Adapter, sources: _Sources
     if not decision.matched:
         return Explanation(
             rule.name, anchor_name, False, f"{rule.span.file}:{rule.matches[0].span.line}",
-            "pattern does not match", condition=sources.text(rule.matches[0].pattern.span),
+            "pattern does not match",
+            condition=" / ".join(sources.line(clause.span.file, clause.span.line) for clause in rule.matches),
         )
     failure = decision.failure
     if failure is None:  # pragma: no cover - a non-firing decision always records why
