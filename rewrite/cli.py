@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="parse and check rules files")
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
+    check.add_argument("--backend", choices=["mil", "onnx"], help="check only the rules of this dialect")
     return parser
 
 
@@ -107,14 +108,16 @@ def _check(arguments) -> int:
             raise UserError(f"{path}: no such file or directory")
     import rewrite
 
+    dialects = [arguments.backend] if arguments.backend else None
     try:
-        rule_set = rewrite.load_rules(*arguments.rules)
+        rule_set = rewrite.load_rules(*arguments.rules, dialects=dialects)
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         return EXIT_FINDINGS
     for warning in rule_set.warnings:
         print(warning.render(), file=sys.stderr)
-    print(f"{len(rule_set.rules)} rule(s) in {len(rule_set.files)} file(s): ok")
+    warnings = f", {len(rule_set.warnings)} warning(s)" if rule_set.warnings else ""
+    print(f"{len(rule_set.rules)} rule(s) in {len(rule_set.files)} file(s): no errors{warnings}")
     return EXIT_OK
 
 

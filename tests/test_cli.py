@@ -165,3 +165,14 @@ def test_explain_on_mil_and_onnx_never_changes_the_model(example, tmp_path):
     assert "%u = scale" in item["path"] and "axis = 0" in item["path"]
     assert path.read_bytes() == data
     assert run("explain", REPO / "rules", path, "--rule", "nope").returncode == 2
+
+
+def test_check_reports_warnings_but_exits_0_and_filters_by_backend(tmp_path):
+    rules = tmp_path / "w.rules"
+    rules.write_text('dialect mil\nrule r "d"\n  match %t = tile(x=%x, reps=%unused)\n  rewrite %t -> %x\n')
+    result = run("check", rules)
+    assert result.returncode == 0
+    assert f"{rules}:3:30: warning: '%unused' is bound but never used" in result.stderr
+    assert "1 warning(s)" in result.stdout
+    only_onnx = run("check", REPO / "rules", "--backend", "onnx")
+    assert only_onnx.returncode == 0 and only_onnx.stdout.startswith("2 rule(s)")

@@ -16,6 +16,7 @@ from rewrite.engine.interfaces import OpSchema
 from rewrite.language import ast
 from rewrite.language.checker import Checker
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
+from rewrite.language.lint import lint_rule, lint_shadowing
 from rewrite.language.parser import parse_rules
 from rewrite.language.types import Signature
 
@@ -171,10 +172,15 @@ def load_rule_files(
                 checker.error(rule.span, f"rule '{rule.name}' is already defined at {seen_rules[rule.name].span}")
                 continue
             seen_rules[rule.name] = rule
-            rules.append(checker.check_rule(rule))
+            checked = checker.check_rule(rule)
+            rules.append(checked)
+            if not any(d.severity == "error" for d in checker.diagnostics):
+                checker.diagnostics.extend(lint_rule(checked, source))
         for diagnostic in checker.diagnostics:
             (warnings if diagnostic.severity == "warning" else loader.diagnostics).append(diagnostic)
 
     if loader.diagnostics:
         raise RuleError(loader.diagnostics)
+    sources = {source.path: source for _, source in loader.parsed.values()}
+    warnings.extend(lint_shadowing(rules, sources))
     return LoadedRules(tuple(rules), all_classes, tuple(warnings), tuple(str(f) for f in files))

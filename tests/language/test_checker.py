@@ -146,7 +146,7 @@ def test_a_quantifier_body_that_runs_on_is_a_warning(write_rules):
     text = """
         dialect mil
         rule r "d"
-          match %t = tile(x=%x, reps=%r)
+          match %t = tile(x=%x, reps=_)
           where forall i in axes(%x): dim(%x, i) == 1 and rank(%x) == 2
           rewrite %t -> %x
         """
@@ -163,3 +163,69 @@ def test_a_quantifier_body_that_runs_on_is_a_warning(write_rules):
 def test_the_shipped_library_has_no_warnings():
     rule_set = rewrite.load_rules()
     assert rule_set.warnings == (), [w.render() for w in rule_set.warnings]
+
+
+def _warnings(write_rules, text, name="test.rules"):
+    return [w.message for w in rewrite.load_rules(write_rules(text, name)).warnings]
+
+
+def test_unused_bindings_are_warnings(write_rules):
+    messages = _warnings(write_rules, """
+        dialect mil
+        rule r "d"
+          match %t = tile(x=%x, reps=%reps)
+          rewrite %t -> %x
+        """)
+    assert messages == ["'%reps' is bound but never used; write '_' where any operand will do"]
+
+
+def test_a_condition_that_folds_to_false_is_a_warning(write_rules):
+    messages = _warnings(write_rules, """
+        dialect mil
+        rule r "d"
+          match %t = tile(x=%x, reps=_)
+          where 1 + 1 == 3 or false
+          rewrite %t -> %x
+        """)
+    assert messages == ["this condition is never true, so the rule never fires"]
+
+
+def test_a_shadowed_rule_is_a_warning(write_rules):
+    messages = _warnings(write_rules, """
+        dialect mil
+        rule first "tried first"
+          match %t = tile(x=%x, reps=_)
+          where rank(%x) == 2
+          rewrite %t -> %x
+        rule second "same pattern, stronger conditions"
+          match %t = tile(x=%x, reps=_)
+          where rank(%x) == 2
+          where dim(%x, 0) == 1
+          rewrite %t -> %x
+        """)
+    assert len(messages) == 1 and messages[0].startswith("rule 'second' never fires: 'first'")
+
+
+def test_a_higher_benefit_rule_is_not_shadowed(write_rules):
+    messages = _warnings(write_rules, """
+        dialect mil
+        rule first "tried second: lower benefit"
+          match %t = tile(x=%x, reps=_)
+          rewrite %t -> %x
+        rule second "tried first"
+          match %t = tile(x=%x, reps=_)
+          where dim(%x, 0) == 1
+          benefit 2
+          rewrite %t -> %x
+        """)
+    assert messages == []
+
+
+def test_rebuilding_the_anchor_type_is_a_warning(write_rules):
+    messages = _warnings(write_rules, """
+        dialect mil
+        rule r "d"
+          match %y = exp(x=%x)
+          rewrite %y -> exp(x=%x)
+        """)
+    assert len(messages) == 1 and "may fire again on its own result" in messages[0]
