@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rewrite import backends, resources
-from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Statistics
+from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Progress, Statistics
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic
 from rewrite.language.loader import load_rule_files
@@ -37,7 +37,12 @@ class RuleSet:
         return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files)
 
     def apply(
-        self, program: Any, *, max_sweeps: int = DEFAULT_MAX_SWEEPS, check_types: bool = False
+        self,
+        program: Any,
+        *,
+        max_sweeps: int = DEFAULT_MAX_SWEEPS,
+        check_types: bool = False,
+        progress: Progress | None = None,
     ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
@@ -49,12 +54,14 @@ class RuleSet:
         """
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types)
-            return self.apply_with(adapter, max_sweeps=max_sweeps)
+            return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress)
 
-    def apply_with(self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS) -> Statistics:
+    def apply_with(
+        self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS, progress: Progress | None = None
+    ) -> Statistics:
         """Like `apply`, over an adapter you built (for a backend of your own)."""
         rules = self.for_dialect(adapter.dialect)
-        driver = Driver(rules, adapter, registered_predicates(), max_sweeps=max_sweeps)
+        driver = Driver(rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress)
         return driver.run()
 
 

@@ -236,15 +236,65 @@ def _apply(arguments) -> int:
     options = {"check_types": arguments.check_types}
     if arguments.max_sweeps is not None:
         options["max_sweeps"] = arguments.max_sweeps
+    bar = _progress_bar(ops_before)
     try:
-        statistics = rule_set.apply(model.program, **options)
+        statistics = rule_set.apply(model.program, progress=bar, **options)
     except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
         raise UserError(str(error)) from None
+    finally:
+        if bar is not None:
+            bar.close()
     ops_after = model.count_ops()
 
     _write_atomically(destination, model.save)
     _report(arguments, statistics, source, destination, ops_before, ops_after)
     return EXIT_OK
+
+
+PROGRESS_THRESHOLD = 10_000
+
+
+class _ProgressBar:
+    """A tqdm bar per sweep, on stderr."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.total = total
+        self.bar = None
+
+    def sweep(self, number: int) -> None:
+        self.close()
+        self.bar = self._tqdm(
+            total=self.total, desc=f"sweep {number}", unit="op", file=sys.stderr, leave=False,
+            disable=False, mininterval=0.2, ncols=_terminal_width(),
+        )
+
+    def advance(self, ops: int) -> None:
+        if self.bar is not None:
+            self.bar.update(ops)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _terminal_width() -> int:
+    # A terminal that reports no size (some ptys) would get a zero-width bar.
+    try:
+        columns = os.get_terminal_size(sys.stderr.fileno()).columns
+    except OSError:
+        columns = 0
+    return columns or 80
+
+
+def _progress_bar(ops: int) -> _ProgressBar | None:
+    # Only for big models, and only for a person watching a terminal.
+    if ops <= PROGRESS_THRESHOLD or not sys.stderr.isatty():
+        return None
+    return _ProgressBar(ops)
 
 
 def _report(arguments, statistics, source, destination, ops_before, ops_after) -> None:

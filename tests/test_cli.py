@@ -176,3 +176,43 @@ def test_check_reports_warnings_but_exits_0_and_filters_by_backend(tmp_path):
     assert "1 warning(s)" in result.stdout
     only_onnx = run("check", REPO / "rules", "--backend", "onnx")
     assert only_onnx.returncode == 0 and only_onnx.stdout.startswith("2 rule(s)")
+
+
+def _big_onnx(path: Path, nodes: int) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    chain = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"]) for i in range(nodes)]
+    graph = helper.make_graph(chain, "g", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info(f"v{nodes}", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def test_progress_shows_on_a_terminal_for_big_models_only(tmp_path):
+    import os
+    import pty
+
+    big = tmp_path / "big.onnx"
+    _big_onnx(big, 12_000)
+    # A pipe is no terminal: no bar, whatever the size.
+    piped = run("apply", big, "-o", tmp_path / "out.onnx")
+    assert piped.returncode == 0 and piped.stderr == ""
+
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "rewrite.cli", "apply", str(big), "-o", str(tmp_path / "out2.onnx")],
+            stdout=subprocess.PIPE, stderr=terminal, text=True, cwd=REPO, timeout=300,
+        )
+        os.set_blocking(controller, False)
+        shown = b""
+        try:
+            while chunk := os.read(controller, 65536):
+                shown += chunk
+        except (BlockingIOError, OSError):
+            pass
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 0
+    assert b"sweep 1" in shown and b"op" in shown

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rewrite.engine.conditions import Evaluator, Failure
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
@@ -60,6 +61,16 @@ class Statistics:
         }
 
 
+class Progress(Protocol):
+    """Told how a run advances (the CLI shows it as a progress bar)."""
+
+    def sweep(self, number: int) -> None:
+        """Sweep `number` (from 1) starts."""
+
+    def advance(self, ops: int) -> None:
+        """`ops` more ops were visited in this sweep."""
+
+
 class RewriteLimitError(RuntimeError):
     """The sweep cap was reached with rules still firing (likely rules that undo each other)."""
 
@@ -104,8 +115,11 @@ class Driver:
         adapter: Adapter,
         predicates: dict[str, Predicate],
         max_sweeps: int = DEFAULT_MAX_SWEEPS,
+        progress: Progress | None = None,
     ):
         self.adapter = adapter
+        self.progress = progress
+        self._visited = 0
         self.max_sweeps = max_sweeps
         self.matcher = Matcher(adapter)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
@@ -123,9 +137,14 @@ class Driver:
         try:
             for _ in range(self.max_sweeps):
                 self.statistics.sweeps += 1
+                if self.progress is not None:
+                    self.progress.sweep(self.statistics.sweeps)
                 fired: list[str] = []
                 for block in self.adapter.top_blocks():
                     self._sweep(block, fired)
+                if self.progress is not None:
+                    self.progress.advance(self._visited)
+                    self._visited = 0
                 if not fired:
                     return self.statistics
             raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
@@ -137,7 +156,13 @@ class Driver:
         # and cost one type lookup.
         adapter = self.adapter
         index = self.index
+        progress = self.progress
         for op in adapter.operations(block):
+            if progress is not None:
+                self._visited += 1
+                if self._visited == 1024:
+                    progress.advance(1024)
+                    self._visited = 0
             nested = adapter.nested_blocks(op)
             rules = index.get(adapter.op_type(op))
             if not (nested or rules) or not adapter.is_live(op):
