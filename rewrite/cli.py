@@ -31,10 +31,9 @@ class UserError(Exception):
 
 
 def _quiet_third_party() -> None:
-    # coremltools prints import-time warnings on Linux and tqdm progress bars
-    # from its pass pipelines; neither is ours to show. TQDM_DISABLE must be
-    # set before tqdm is first imported.
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    # coremltools logs import-time warnings on Linux; they are not ours to
+    # show. (Its pass-pipeline progress bars are silenced where the MIL
+    # backend saves, so that our own progress bar still works.)
     logging.getLogger("coremltools").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
 
@@ -266,9 +265,10 @@ class _ProgressBar:
 
     def sweep(self, number: int) -> None:
         self.close()
+        columns, rows = _terminal_size()
         self.bar = self._tqdm(
             total=self.total, desc=f"sweep {number}", unit="op", file=sys.stderr, leave=False,
-            disable=False, mininterval=0.2, ncols=_terminal_width(),
+            disable=False, mininterval=0.2, ncols=columns, nrows=rows,
         )
 
     def advance(self, ops: int) -> None:
@@ -281,13 +281,15 @@ class _ProgressBar:
             self.bar = None
 
 
-def _terminal_width() -> int:
-    # A terminal that reports no size (some ptys) would get a zero-width bar.
+def _terminal_size() -> tuple[int, int]:
+    # A terminal that reports no size (a bare pty) would get a bar of zero
+    # columns on a screen of zero rows, which tqdm does not draw.
     try:
-        columns = os.get_terminal_size(sys.stderr.fileno()).columns
+        size = os.get_terminal_size(sys.stderr.fileno())
+        columns, rows = size.columns, size.lines
     except OSError:
-        columns = 0
-    return columns or 80
+        columns, rows = 0, 0
+    return columns or 80, rows or 24
 
 
 def _progress_bar(ops: int) -> _ProgressBar | None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("TQDM_DISABLE", "1")
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -202,6 +202,7 @@ def test_progress_shows_on_a_terminal_for_big_models_only(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "rewrite.cli", "apply", str(big), "-o", str(tmp_path / "out2.onnx")],
         stdout=subprocess.DEVNULL, stderr=terminal, cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"},
     )
     os.close(terminal)
     shown = b""

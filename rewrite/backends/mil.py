@@ -427,6 +427,7 @@ def save_mlpackage(program: Program, path: str | os.PathLike, spec=None) -> None
     """
     target = None
     inputs = None
+    _silence_pass_progress()
     if spec is not None:
         target = ct.target(spec.specificationVersion)
         inputs = _input_types(spec)
@@ -466,6 +467,14 @@ def _default_input_types(program: Program):
         )
         inputs.append(ct.TensorType(name=name, shape=ct.Shape(dims)))
     return inputs
+
+
+def _silence_pass_progress() -> None:
+    # ct.convert draws a tqdm bar per pass pipeline, even for the empty one;
+    # a save is not a step the user asked to watch.
+    from coremltools.converters.mil.mil.passes import pass_pipeline
+
+    pass_pipeline.tqdm = lambda iterable, *args, **kwargs: iterable
 
 
 def _input_types(spec):
