@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--op", metavar="NAME", help="only the anchor op (or node) with this name")
     explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
 
+    test = commands.add_parser("test", help="run the examples the rules carry")
+    test.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
+    test.add_argument("--rule", metavar="NAME", help="only this rule's examples")
+
     check = commands.add_parser("check", help="parse and check rules files")
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     check.add_argument("--backend", choices=["mil", "onnx"], help="check only the rules of this dialect")
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             return _apply(arguments)
         if arguments.command == "explain":
             return _explain(arguments)
+        if arguments.command == "test":
+            return _test(arguments)
         return _check(arguments)
     except UserError as error:
         print(f"rewrite: error: {error}", file=sys.stderr)
@@ -91,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _load_rules(paths, dialect: str):
+def _load_rules(paths, dialect: str | None):
     import rewrite
 
     try:
-        return rewrite.load_rules(*paths, dialects=[dialect])
+        return rewrite.load_rules(*paths, dialects=None if dialect is None else [dialect])
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
@@ -167,6 +173,24 @@ class _Model:
             from rewrite.backends.onnx import save_onnx
 
             save_onnx(self.program, path, external_data=self._saved_with)
+
+
+def _test(arguments) -> int:
+    for path in arguments.rules:
+        if not Path(path).exists():
+            raise UserError(f"{path}: no such file or directory")
+    rule_set = _load_rules(arguments.rules, None)
+    from rewrite.examples import run_examples
+
+    results = run_examples(rule_set, arguments.rule)
+    for result in results:
+        verdict = "PASS" if result.passed else "FAIL"
+        print(f"{verdict}  {result.rule}: {result.description}  ({result.location})")
+        if not result.passed:
+            print("      " + result.message.replace("\n", "\n      "))
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return EXIT_FINDINGS if failed else EXIT_OK
 
 
 def _explain(arguments) -> int:

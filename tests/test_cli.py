@@ -215,3 +215,16 @@ def test_progress_shows_on_a_terminal_for_big_models_only(tmp_path):
         os.close(controller)
     assert process.wait(timeout=300) == 0
     assert b"sweep 1" in shown and b"op/s" in shown
+
+
+def test_the_test_command_runs_examples(tmp_path):
+    result = run("test", REPO / "rules")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "12 passed, 0 failed"
+    bad = tmp_path / "bad.rules"
+    bad.write_text(
+        'dialect mil\nrule r "d"\n  match %y = exp(x=%x)\n  rewrite %y -> %x\n'
+        '  example "e"\n    input %x: fp32[4]\n    %y = exp(x=%x)\n    output %y\n  unchanged\n'
+    )
+    failing = run("test", bad)
+    assert failing.returncode == 1 and "FAIL  r: e" in failing.stdout

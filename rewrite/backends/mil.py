@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from rewrite.engine.interfaces import InputSpec, OpSignature, TypeChangedError
+from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
 
 
@@ -186,6 +186,9 @@ class MilAdapter:
 
     def operations(self, block: Block) -> Sequence[Operation]:
         return list(block.operations)
+
+    def block_outputs(self, block: Block) -> Sequence[Var]:
+        return list(block.outputs)
 
     def nested_blocks(self, op: Operation) -> Sequence[Block]:
         return op.blocks
@@ -554,3 +557,46 @@ def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
     RuleSetPass.__qualname__ = pass_name
     register_pass(namespace=namespace, override=override)(RuleSetPass)
     return name
+
+
+# ---------------------------------------------------------------- examples
+
+
+def build_example(inputs, ops, outputs) -> Program:
+    """A program from a rule example: `inputs` are (name, dtype, dims) with
+    named dims symbolic, `ops` are (name, op type, operands), operands being
+    `NamedValue`s or constants; `outputs` are names."""
+    from coremltools.converters.mil.mil import Function, get_new_symbol
+
+    symbols: dict[str, Any] = {}
+
+    def dim(d):
+        return symbols.setdefault(d, get_new_symbol()) if isinstance(d, str) else int(d)
+
+    placeholders = {
+        name: mb.placeholder(shape=tuple(dim(d) for d in dims), dtype=types.string_to_builtin(dtype))
+        for name, dtype, dims in inputs
+    }
+    program = Program()
+    with Function(placeholders, opset_version=ct.target.iOS18) as function:
+        values = {name: function.inputs[name] for name in placeholders}
+        for name, op_type, operands in ops:
+            arguments = {
+                key: values[value.name] if isinstance(value, NamedValue) else _operand(value)
+                for key, value in operands.items()
+            }
+            result = getattr(mb, op_type)(**arguments, name=name)
+            values[name] = result[0] if isinstance(result, (list, tuple)) else result
+        function.set_outputs([values[name] for name in outputs])
+    program.add_function("main", function)
+    return program
+
+
+def copy_program(program: Program) -> Program:
+    return copy.deepcopy(program)
+
+
+def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from rewrite.backends.mil_reference import evaluate
+
+    return evaluate(program, feeds)

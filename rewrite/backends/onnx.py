@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rewrite.backends import onnx_shapes
-from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature
 
 DIALECT = "onnx"
 
@@ -243,6 +243,9 @@ class OnnxAdapter:
             ordered.append(node)
         graph.nodes = ordered
         graph.inserted.clear()
+
+    def block_outputs(self, block: Graph) -> Sequence[Value]:
+        return [value for value in block.outputs if value is not None]
 
     def nested_blocks(self, op: Node) -> Sequence[Graph]:
         return op.blocks
@@ -613,3 +616,64 @@ def count_nodes(model: onnx.ModelProto, op_type: str | None = None) -> int:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+# ---------------------------------------------------------------- examples
+
+_EXAMPLE_OPSET = 18
+_ELEMENT_TYPES = {name: elem_type for elem_type, name in onnx_shapes._DTYPE_NAMES.items()}
+
+
+def build_example(inputs, ops, outputs) -> onnx.ModelProto:
+    """A model from a rule example (see `rewrite.backends.mil.build_example`), at opset 18."""
+    graph_inputs = [
+        helper.make_tensor_value_info(name, _ELEMENT_TYPES[dtype], list(dims)) for name, dtype, dims in inputs
+    ]
+    nodes, initializers = [], []
+    for name, op_type, operands in ops:
+        schema = _schema_at(op_type, _EXAMPLE_OPSET)
+        if schema is None:
+            raise OnnxError(f"operator '{op_type}' does not exist at opset {_EXAMPLE_OPSET}")
+        node_inputs: list[str] = []
+        for parameter in schema.inputs:
+            operand = operands.get(parameter.name)
+            for item in operand if isinstance(operand, tuple) else (operand,):
+                if item is None:
+                    node_inputs.append("")
+                elif isinstance(item, NamedValue):
+                    node_inputs.append(item.name)
+                else:
+                    array = np.asarray(item)
+                    array = array.astype(np.float32 if array.dtype.kind == "f" else array.dtype)
+                    constant = f"{name}_{parameter.name}_{len(initializers)}"
+                    initializers.append(numpy_helper.from_array(array, constant))
+                    node_inputs.append(constant)
+        while node_inputs and node_inputs[-1] == "":
+            node_inputs.pop()
+        attributes = {key: value for key, value in operands.items() if key in schema.attributes}
+        nodes.append(helper.make_node(op_type, node_inputs, [name], name=name, **attributes))
+    graph = helper.make_graph(
+        nodes, "example", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializers
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _EXAMPLE_OPSET)])
+    # Let onnx type the outputs, so that the example needs to say nothing of them.
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {info.name: info.type for info in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for output in model.graph.output:
+        if output.name in types and types[output.name].HasField("tensor_type"):
+            output.type.CopyFrom(types[output.name])
+    return model
+
+
+def copy_program(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def evaluate_example(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs by name, from onnx's own reference evaluator (no runtime needed)."""
+    from onnx.reference import ReferenceEvaluator
+
+    results = ReferenceEvaluator(model).run(None, feeds)
+    return {output.name: np.asarray(value) for output, value in zip(model.graph.output, results)}

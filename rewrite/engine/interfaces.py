@@ -44,6 +44,13 @@ class OpSignature:
         return None
 
 
+@dataclass(frozen=True)
+class NamedValue:
+    """A reference, by name, to a value of a program being built from text (rule examples)."""
+
+    name: str
+
+
 class TypeChangedError(RuntimeError):
     """A rewrite changed the type of a value it promised to keep (checked mode).
 
@@ -75,6 +82,9 @@ class Adapter(Protocol):
 
     def operations(self, block: Block) -> Sequence[Op]:
         """A snapshot of the ops of `block`, in program order."""
+
+    def block_outputs(self, block: Block) -> Sequence[Value]:
+        """The values `block` returns, in order."""
 
     def nested_blocks(self, op: Op) -> Sequence[Block]:
         """Blocks owned by `op` (cond branches, loop bodies, subgraphs)."""

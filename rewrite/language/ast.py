@@ -294,6 +294,52 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class ExampleInput:
+    """`input %x: fp32[B, 8]`: a graph input; a named dim is symbolic."""
+
+    var: str
+    dtype: str
+    dims: tuple[int | str, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ExampleOp:
+    """`%t = tile(x=%y, reps=[1, 8])`."""
+
+    var: str
+    build: OpBuild
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ExampleOutput:
+    vars: tuple[str, ...]
+    span: Span = field(compare=False)
+
+
+ExampleStatement = ExampleInput | ExampleOp | ExampleOutput
+
+
+@dataclass(frozen=True)
+class Example:
+    """A graph the rule must rewrite into `expected` (None: leave it unchanged)."""
+
+    description: str
+    statements: tuple[ExampleStatement, ...]
+    expected: tuple[ExampleStatement, ...] | None
+    span: Span = field(compare=False)
+
+    @property
+    def inputs(self) -> tuple[ExampleInput, ...]:
+        return tuple(s for s in self.statements if isinstance(s, ExampleInput))
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(v for s in self.statements if isinstance(s, ExampleOutput) for v in s.vars)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     description: str
@@ -303,6 +349,7 @@ class Rule:
     actions: tuple[Action, ...]
     benefit: int
     span: Span = field(compare=False)
+    examples: tuple[Example, ...] = field(default=(), compare=False)
 
     @property
     def anchor(self) -> MatchClause:

@@ -352,7 +352,39 @@ class Checker:
                 scope = scope.with_values(action.var)
         if not rule.actions:
             self.error(rule.span, f"rule '{rule.name}' has no 'rewrite' clause")
+        for example in rule.examples:
+            self._check_example(example)
         return replace(rule, matches=tuple(matches), conditions=conditions, actions=tuple(actions))
+
+    def _check_example(self, example: ast.Example) -> None:
+        defined = self._check_example_statements(example.statements, set())
+        outputs = example.outputs
+        if not outputs:
+            self.error(example.span, "an example needs an 'output' line")
+        for var in outputs:
+            if var not in defined:
+                self.error(example.span, f"example output '{var}' is never defined")
+        if example.expected is not None:
+            inputs = {s.var for s in example.inputs}
+            for statement in example.expected:
+                if not isinstance(statement, ast.ExampleOp):
+                    self.error(statement.span, "after 'becomes' come only ops; inputs and outputs stay the same")
+            expected = self._check_example_statements(example.expected, inputs)
+            for var in outputs:
+                if var not in expected:
+                    self.error(example.span, f"the 'becomes' graph does not define output '{var}'")
+
+    def _check_example_statements(self, statements, defined: set[str]) -> set[str]:
+        defined = set(defined)
+        for statement in statements:
+            if isinstance(statement, ast.ExampleInput):
+                if NAMED_CONSTANTS.get(statement.dtype, (None,))[0] is not Type.STRING:
+                    self.error(statement.span, f"unknown dtype '{statement.dtype}' (fp32, fp16, int32, bool, ...)")
+                defined.add(statement.var)
+            elif isinstance(statement, ast.ExampleOp):
+                self._check_build(statement.build, _Scope(frozenset(defined), frozenset()), complete=True)
+                defined.add(statement.var)
+        return defined
 
     def _check_action(self, action: ast.Action, scope: _Scope) -> ast.Action:
         if isinstance(action, ast.BuildAction):

@@ -190,10 +190,12 @@ class _ToAst(Transformer):
 
     def rule(self, meta, children):
         name, description, *clauses = children
-        matches, conditions, actions = [], [], []
+        matches, conditions, actions, examples = [], [], [], []
         benefit = 0
         for kind, value in clauses:
-            if kind == "match":
+            if kind == "example":
+                examples.append(value)
+            elif kind == "match":
                 matches.append(value)
             elif kind == "where":
                 conditions.append(value)
@@ -210,6 +212,7 @@ class _ToAst(Transformer):
             actions=tuple(actions),
             benefit=benefit,
             span=self._token_span(name),
+            examples=tuple(examples),
         )
 
     def match_clause(self, meta, children):
@@ -227,6 +230,34 @@ class _ToAst(Transformer):
 
     def rewrite_clause(self, meta, children):
         return ("rewrite", tuple(children))
+
+    # ---- examples
+
+    def example_clause(self, meta, children):
+        description, *statements, outcome = children
+        return ("example", ast.Example(_unquote(description), tuple(statements), outcome, self._span(meta)))
+
+    def becomes(self, meta, children):
+        return tuple(children)
+
+    def unchanged(self, meta, children):
+        return None
+
+    def example_input(self, meta, children):
+        var, dtype, *dims = children
+        dims = tuple(d for d in dims if d is not None)
+        return ast.ExampleInput(str(var), str(dtype), dims, self._token_span(var))
+
+    def example_dim(self, meta, children):
+        (token,) = children
+        return self._int(token) if token.type == "INT" else str(token)
+
+    def example_op(self, meta, children):
+        var, build = children
+        return ast.ExampleOp(str(var), build, self._token_span(var))
+
+    def example_output(self, meta, children):
+        return ast.ExampleOutput(tuple(str(v) for v in children), self._span(meta))
 
     # ---- patterns
 

@@ -132,6 +132,9 @@ class ToyAdapter:
     def operations(self, block):
         return list(block.ops)
 
+    def block_outputs(self, block):
+        return list(block.outputs)
+
     def nested_blocks(self, op):
         return op.blocks
 
