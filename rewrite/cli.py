@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     test.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     test.add_argument("--rule", metavar="NAME", help="only this rule's examples")
 
+    verify = commands.add_parser("verify", help="try random instances of each rule, before against after")
+    verify.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
+    verify.add_argument("--rule", metavar="NAME", help="only this rule")
+    verify.add_argument("--trials", type=int, default=50, metavar="N", help="instances to try per rule")
+    verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+
     check = commands.add_parser("check", help="parse and check rules files")
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     check.add_argument("--backend", choices=["mil", "onnx"], help="check only the rules of this dialect")
@@ -88,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return _explain(arguments)
         if arguments.command == "test":
             return _test(arguments)
+        if arguments.command == "verify":
+            return _verify(arguments)
         return _check(arguments)
     except UserError as error:
         print(f"rewrite: error: {error}", file=sys.stderr)
@@ -190,6 +198,29 @@ def _test(arguments) -> int:
             print("      " + result.message.replace("\n", "\n      "))
     failed = sum(not r.passed for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
+    return EXIT_FINDINGS if failed else EXIT_OK
+
+
+def _verify(arguments) -> int:
+    for path in arguments.rules:
+        if not Path(path).exists():
+            raise UserError(f"{path}: no such file or directory")
+    rule_set = _load_rules(arguments.rules, None)
+    if arguments.rule:
+        try:
+            rule_set = rule_set.only(arguments.rule)
+        except KeyError as error:
+            raise UserError(error.args[0]) from None
+    import numpy
+
+    from rewrite.verify import format_verdict, verify_rule
+
+    failed = 0
+    with numpy.errstate(all="ignore"):
+        for rule in rule_set.rules:
+            verdict = verify_rule(rule, trials=arguments.trials, seed=arguments.seed)
+            failed += not verdict.passed
+            print(format_verdict(verdict))
     return EXIT_FINDINGS if failed else EXIT_OK
 
 

@@ -228,3 +228,15 @@ def test_the_test_command_runs_examples(tmp_path):
     )
     failing = run("test", bad)
     assert failing.returncode == 1 and "FAIL  r: e" in failing.stdout
+
+
+def test_verify_command(tmp_path):
+    result = run("verify", REPO / "rules", "--trials", "20", "--seed", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASS") == 3
+    unsound = tmp_path / "unsound.rules"
+    unsound.write_text('dialect mil\nrule drop "drops every tile"\n  match %t = tile(x=%x, reps=_)\n'
+                       '  where every use %u of %t: %u is mul(%t, _) in any order\n  rewrite %t -> %x\n')
+    failing = run("verify", unsound, "--trials", "40")
+    assert failing.returncode == 1
+    assert "FAIL  drop" in failing.stdout and "counterexample" in failing.stdout

@@ -600,3 +600,36 @@ def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str
     from rewrite.backends.mil_reference import evaluate
 
     return evaluate(program, feeds)
+
+
+def semantic_problems(program: Program) -> list[str]:
+    """What Core ML's runtime refuses although the values would be right.
+
+    A `select` whose operand broadcasts implicitly (its shape is not the
+    output's) fails to load in a multifunction model ("Failed to
+    PropagateInputTensorShapes ... select").
+    """
+    adapter = MilAdapter(program)
+    problems = []
+
+    def walk(block):
+        for op in block.operations:
+            for nested in op.blocks:
+                walk(nested)
+            if op.op_type != "select":
+                continue
+            output = adapter.shape(op.outputs[0])
+            for name in ("cond", "a", "b"):
+                shape = adapter.shape(op.inputs[name])
+                if shape is None or output is None:
+                    continue
+                if len(shape) != len(output) or any(
+                    not (isinstance(x, int) and isinstance(y, int) and x == y) and x != y
+                    for x, y in zip(shape, output)
+                ):
+                    problems.append(f"select '{op.name}' broadcasts its operand '{name}' implicitly "
+                                    f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that")
+
+    for function in program.functions.values():
+        walk(function)
+    return problems

@@ -1,0 +1,382 @@
+"""`rewrite verify`: random instances of a rule's pattern, before against after.
+
+The generator reads the rule itself; the rules file needs nothing extra. It
+builds the anchor op with random operands (constants where the conditions
+read a constant, inputs with literal or symbolic dims elsewhere), gives it
+consumers drawn from the op classes its `every use` conditions expect (the
+anchor sometimes twice in one consumer, sometimes a block output, sometimes
+beside a consumer the rule does not expect), and keeps the instances on
+which the rule fires. Each is evaluated before and after at several sizes of
+its symbolic dims; a difference, or a backend's semantic objection, is a
+counterexample, which is shrunk and printed as a rule example.
+
+The necessity check drops each `where` clause in turn: a clause whose
+removal no instance notices is possibly redundant, or guards a case the
+generator does not reach.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from rewrite import backends
+from rewrite.api import RuleSet
+from rewrite.engine.interfaces import NamedValue
+from rewrite.language import ast
+
+LITERAL_DIMS = (1, 1, 2, 3, 4)
+SYMBOLS = ("B", "C")
+BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
+EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
+
+
+@dataclass
+class Instance:
+    """A graph in the form `build_example` takes."""
+
+    inputs: list = field(default_factory=list)  # (name, dtype, dims)
+    ops: list = field(default_factory=list)  # (name, op type, operands)
+    outputs: list = field(default_factory=list)
+
+    def copy(self) -> Instance:
+        return Instance(list(self.inputs), [(n, t, dict(o)) for n, t, o in self.ops], list(self.outputs))
+
+    def as_example(self) -> str:
+        lines = [f"    input %{n}: {d}[{', '.join(str(x) for x in dims)}]" for n, d, dims in self.inputs]
+        for name, op_type, operands in self.ops:
+            arguments = ", ".join(f"{k}={_show(v)}" for k, v in operands.items())
+            lines.append(f"    %{name} = {op_type}({arguments})")
+        lines.append("    output " + ", ".join(f"%{o}" for o in self.outputs))
+        return "\n".join(lines)
+
+
+def _show(value) -> str:
+    if isinstance(value, NamedValue):
+        return f"%{value.name}"
+    if isinstance(value, tuple):
+        return ", ".join(_show(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    graph: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class Necessity:
+    condition: str
+    location: str
+    noticed: bool  # some instance failed once it was dropped
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    trials: int
+    instances: int  # generated graphs on which the rule fired
+    counterexample: Counterexample | None
+    necessity: tuple[Necessity, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.counterexample is None and self.instances > 0
+
+
+# ------------------------------------------------------------------ generation
+
+
+class _Generator:
+    def __init__(self, rule: ast.Rule, rng: random.Random):
+        self.rule = rule
+        self.rng = rng
+        self.dialect = rule.dialect
+        self.schema = backends.schema_for(rule.dialect)
+        self.constants = _constant_vars(rule)
+        self.consumer_patterns = _consumer_patterns(rule)
+
+    def dims(self, rank: int) -> list:
+        return [self.rng.choice(SYMBOLS) if self.rng.random() < 0.25 else self.rng.choice(LITERAL_DIMS)
+                for _ in range(rank)]
+
+    def instance(self) -> Instance | None:
+        rng = self.rng
+        graph = Instance()
+        anchor_pattern = self.rule.anchor.pattern
+        op_type = rng.choice(sorted(anchor_pattern.types))
+        signature = self.schema.signature(op_type)
+        if signature is None:
+            return None
+        dtype = rng.choice(["fp32", "fp32", "int32"]) if self.dialect == "mil" else "fp32"
+        named = {o.name: o.pattern for o in anchor_pattern.operands if o.name is not None}
+        operands, data_rank = {}, rng.randint(1, 3)
+        # A constant int list as long as the data's rank (tile's reps, Expand's
+        # shape) is read as a per-axis size: the data is mostly 1 where it
+        # widens, and the full size is what other operands mostly carry.
+        hint = [rng.choice((1, 1, 2, 3)) for _ in range(data_rank)]
+        data_dims = [1 if size > 1 and rng.random() < 0.75 else d for size, d in zip(hint, self.dims(data_rank))]
+        full = [size if dim == 1 else dim for size, dim in zip(hint, data_dims)]
+        data_given = False
+        for position, spec in enumerate(signature.inputs):
+            if spec.optional and spec.name not in named:
+                continue
+            pattern = named.get(spec.name)
+            var = pattern.var if isinstance(pattern, ast.Bind) else None
+            if position > 0 and (var in self.constants or var is None and spec.name in ("reps", "repeats", "shape")):
+                operands[spec.name] = list(hint)
+            else:
+                name = f"in{len(graph.inputs)}"
+                dims = data_dims if not data_given else self.dims(data_rank)
+                data_given = True
+                graph.inputs.append((name, dtype, list(dims)))
+                operands[spec.name] = NamedValue(name)
+        graph.ops.append(("anchor", op_type, operands))
+        for index in range(rng.choice((1, 1, 2, 3))):
+            self._consumer(graph, index, dtype, full)
+        if rng.random() < 0.15:
+            graph.ops.append(("extra", EXTRA_CONSUMERS[self.dialect], _unary_operand(self.schema, self.dialect)))
+            graph.outputs.append("extra")
+        if rng.random() < 0.15:
+            graph.outputs.append("anchor")
+        return graph if graph.outputs else None
+
+    def _other_dims(self, full: list) -> list:
+        rng = self.rng
+
+        def pick(d):
+            draw = rng.random()
+            if draw < 0.55:
+                return d  # the full size
+            if draw < 0.75:
+                return 1
+            if draw < 0.9:
+                return rng.choice(SYMBOLS)
+            return rng.choice(LITERAL_DIMS)
+
+        dims = [pick(d) for d in full]
+        drop = rng.choice((0, 0, 0, 1)) if len(dims) > 1 else 0
+        return dims[drop:]
+
+    def _consumer(self, graph: Instance, index: int, dtype: str, full: list) -> None:
+        rng = self.rng
+        if not self.consumer_patterns:
+            graph.outputs.append("anchor")
+            return
+        pattern = rng.choice(self.consumer_patterns)
+        op_type = rng.choice(sorted(pattern.types))
+        signature = self.schema.signature(op_type)
+        variadic = any(s.variadic for s in signature.inputs)
+        required = [s for s in signature.inputs if not s.optional]
+        count = rng.choice((1, 2, 3)) if variadic else len(required)
+        # A condition operand is bool; the anchor (of the data dtype) goes elsewhere.
+        conditions = set() if variadic else {i for i, s in enumerate(required) if s.name in ("cond", "condition")}
+        data_positions = [i for i in range(count) if i not in conditions]
+        anchor_at = rng.choice(data_positions)
+        twice = len(data_positions) > 1 and rng.random() < 0.15
+        second = data_positions[(data_positions.index(anchor_at) + 1) % len(data_positions)]
+        values = []
+        for position in range(count):
+            if position == anchor_at or (twice and position == second):
+                values.append(NamedValue("anchor"))
+                continue
+            name = f"in{len(graph.inputs)}"
+            graph.inputs.append((name, "bool" if position in conditions else dtype, self._other_dims(full)))
+            values.append(NamedValue(name))
+        if variadic:
+            operands = {signature.inputs[0].name: tuple(values)}
+        else:
+            operands = {spec.name: value for spec, value in zip(required, values)}
+        name = f"use{index}"
+        graph.ops.append((name, op_type, operands))
+        graph.outputs.append(name)
+
+
+def _unary_operand(schema, dialect: str) -> dict:
+    return {"x": NamedValue("anchor")} if dialect == "mil" else {"input": NamedValue("anchor")}
+
+
+def _constant_vars(rule: ast.Rule) -> set[str]:
+    """Variables the conditions read a constant from: is_const(%v), const(%v), %v[i]."""
+    found: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, ast.Call) and expr.function in ("is_const", "const"):
+            for argument in expr.arguments:
+                if isinstance(argument, ast.ValueRef):
+                    found.add(argument.var)
+        if isinstance(expr, ast.Index) and isinstance(expr.base, ast.ValueRef):
+            found.add(expr.base.var)
+        if isinstance(expr, tuple):
+            for item in expr:
+                visit(item)
+        elif hasattr(expr, "__dataclass_fields__") and not isinstance(expr, ast.Span):
+            for name in expr.__dataclass_fields__:
+                visit(getattr(expr, name))
+
+    for condition in rule.conditions:
+        visit(condition.expr)
+    return found
+
+
+def _consumer_patterns(rule: ast.Rule) -> list[ast.OpPattern]:
+    """The op patterns `every use %u of <anchor>` expects `%u` to match."""
+    anchor = rule.anchor.var
+    patterns: list[ast.OpPattern] = []
+
+    def visit(expr, use_var=None):
+        if isinstance(expr, ast.EveryUse) and expr.of == anchor:
+            visit(expr.body, expr.variable)
+            return
+        if isinstance(expr, ast.Matches) and isinstance(expr.subject, ast.ValueRef) and not expr.negated:
+            if expr.subject.var == use_var:
+                patterns.append(expr.pattern)
+        if hasattr(expr, "__dataclass_fields__") and not isinstance(expr, ast.Span):
+            for name in expr.__dataclass_fields__:
+                child = getattr(expr, name)
+                for item in child if isinstance(child, tuple) else (child,):
+                    if hasattr(item, "__dataclass_fields__"):
+                        visit(item, use_var)
+
+    for condition in rule.conditions:
+        visit(condition.expr)
+    return patterns
+
+
+# ------------------------------------------------------------------ checking
+
+
+def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
+    """(fired, problem): whether the rule fired on `instance`, and what broke if it did."""
+    backend = backends.backend_module(rule.dialect)
+    try:
+        program = backend.build_example(instance.inputs, instance.ops, instance.outputs)
+    except Exception:
+        return False, None  # not a valid graph of this IR: not an instance
+    original = backend.copy_program(program)
+    objecting = getattr(backend, "semantic_problems", lambda program: [])
+    before = set(objecting(program))
+    statistics = RuleSet((rule,)).apply(program)
+    if not statistics.fires:
+        return False, None
+    # Only what the rewrite introduced is its fault.
+    objections = [problem for problem in objecting(program) if problem not in before]
+    if objections:
+        return True, objections[0]
+    rng = np.random.default_rng(0)
+    compared = 0
+    for binding in BINDINGS:
+        feeds = {}
+        for name, dtype, dims in instance.inputs:
+            shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
+            feeds[name] = (rng.integers(-3, 4, size=shape).astype(dtype)
+                           if dtype.startswith("int") else rng.standard_normal(shape).astype(np.float32))
+        try:
+            expected = backend.evaluate_example(original, feeds)
+        except Exception:
+            continue  # these sizes do not broadcast in the original either
+        compared += 1
+        try:
+            got = backend.evaluate_example(program, feeds)
+        except Exception as error:
+            return True, f"the rewritten graph fails where the original runs ({binding}): {error}"
+        for name, value in expected.items():
+            other = got.get(name)
+            if other is None or other.shape != value.shape:
+                shape = None if other is None else other.shape
+                return True, f"output '{name}' has shape {shape} instead of {value.shape} at {binding}"
+            same = (np.allclose(value, other, rtol=1e-5, atol=1e-6, equal_nan=True)
+                    if value.dtype.kind == "f" else np.array_equal(value, other))
+            if not same:
+                return True, f"output '{name}' changed value at {binding}"
+    return compared > 0, None
+
+
+def _shrink(rule: ast.Rule, instance: Instance, problem: str) -> tuple[Instance, str]:
+    """Smaller variants that still fail: fewer ops and outputs, smaller dims."""
+    improved = True
+    while improved:
+        improved = False
+        for candidate in _smaller(instance):
+            fired, found = _check(rule, candidate)
+            if fired and found:
+                instance, problem, improved = candidate, found, True
+                break
+    return instance, problem
+
+
+def _smaller(instance: Instance):
+    used = lambda graph: {v.name for _, _, o in graph.ops for v in _values(o)}  # noqa: E731
+    for output in instance.outputs:
+        if len(instance.outputs) > 1:
+            candidate = instance.copy()
+            candidate.outputs.remove(output)
+            candidate.ops = [op for op in candidate.ops if op[0] != output or op[0] == "anchor"]
+            candidate.inputs = [i for i in candidate.inputs if i[0] in used(candidate)]
+            yield candidate
+    for position, (name, dtype, dims) in enumerate(instance.inputs):
+        for axis, dim in enumerate(dims):
+            for smaller in ((1, 2) if isinstance(dim, str) or dim > 2 else ()):
+                candidate = instance.copy()
+                new_dims = list(dims)
+                new_dims[axis] = smaller
+                candidate.inputs[position] = (name, dtype, new_dims)
+                yield candidate
+
+
+def _values(operands: dict):
+    for value in operands.values():
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, NamedValue):
+                yield item
+
+
+def verify_rule(
+    rule: ast.Rule, trials: int = 50, seed: int = 0, necessity: bool = True, shaped_by: ast.Rule | None = None
+) -> Verdict:
+    """Try `trials` random instances of `rule`; stop at the first counterexample.
+
+    Instances are shaped by `shaped_by` (default: the rule itself), so that a
+    rule with a condition dropped is tried on the graphs the full rule expects.
+    """
+    instances, counterexample = 0, None
+    generator = _Generator(shaped_by or rule, random.Random(seed))
+    for _ in range(trials):
+        instance = generator.instance()
+        if instance is None:
+            continue
+        fired, problem = _check(rule, instance)
+        instances += fired
+        if problem:
+            small, problem = _shrink(rule, instance, problem)
+            counterexample = Counterexample(small.as_example(), problem)
+            break
+    results = []
+    if necessity and counterexample is None:
+        for index, condition in enumerate(rule.conditions):
+            weaker = replace(rule, conditions=rule.conditions[:index] + rule.conditions[index + 1:])
+            verdict = verify_rule(weaker, trials, seed, necessity=False, shaped_by=rule)
+            results.append(Necessity(condition.text, str(condition.span), verdict.counterexample is not None))
+    return Verdict(rule.name, trials, instances, counterexample, tuple(results))
+
+
+def format_verdict(verdict: Verdict) -> str:
+    if verdict.counterexample is not None:
+        lines = [f"FAIL  {verdict.rule}: {verdict.counterexample.problem}", "  counterexample (as a rule example):",
+                 verdict.counterexample.graph]
+        return "\n".join(lines)
+    if verdict.instances == 0:
+        return f"NONE  {verdict.rule}: no instance in {verdict.trials} trials fired the rule; nothing was checked"
+    lines = [f"PASS  {verdict.rule}: {verdict.instances} instances of {verdict.trials} trials, outputs equal"]
+    for item in verdict.necessity:
+        if item.noticed:
+            lines.append(f"  needed: where {item.condition}  ({item.location})")
+        else:
+            lines.append(f"  possibly redundant, or the generator does not reach what it guards: "
+                         f"where {item.condition}  ({item.location})")
+    return "\n".join(lines)
