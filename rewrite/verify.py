@@ -31,6 +31,9 @@ LITERAL_DIMS = (1, 1, 2, 3, 4)
 SYMBOLS = ("B", "C")
 BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
 EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
+# The predicate input of a nested instance, as each backend wants it.
+FLAG_INPUTS = {"mil": ("flag", "fp32", [1]), "onnx": ("flag", "bool", [])}
+DTYPES = {"mil": ("fp32", "fp32", "fp16", "int32", "bool"), "onnx": ("fp32", "fp32", "fp16", "int64", "bool")}
 
 
 @dataclass
@@ -40,9 +43,11 @@ class Instance:
     inputs: list = field(default_factory=list)  # (name, dtype, dims)
     ops: list = field(default_factory=list)  # (name, op type, operands)
     outputs: list = field(default_factory=list)
+    nested: bool = False  # all ops inside both branches of a conditional
 
     def copy(self) -> Instance:
-        return Instance(list(self.inputs), [(n, t, dict(o)) for n, t, o in self.ops], list(self.outputs))
+        return Instance(list(self.inputs), [(n, t, dict(o)) for n, t, o in self.ops], list(self.outputs),
+                        self.nested)
 
     def as_example(self) -> str:
         lines = [f"    input %{n}: {d}[{', '.join(str(x) for x in dims)}]" for n, d, dims in self.inputs]
@@ -50,6 +55,8 @@ class Instance:
             arguments = ", ".join(f"{k}={_show(v)}" for k, v in operands.items())
             lines.append(f"    %{name} = {op_type}({arguments})")
         lines.append("    output " + ", ".join(f"%{o}" for o in self.outputs))
+        if self.nested:
+            lines.insert(0, "    # inside both branches of a conditional on %flag")
         return "\n".join(lines)
 
 
@@ -83,6 +90,7 @@ class Verdict:
     instances: int  # generated graphs on which the rule fired
     counterexample: Counterexample | None
     necessity: tuple[Necessity, ...] = ()
+    nested_instances: int = 0  # of those, with every op inside a conditional's branches
 
     @property
     def passed(self) -> bool:
@@ -113,7 +121,8 @@ class _Generator:
         signature = self.schema.signature(op_type)
         if signature is None:
             return None
-        dtype = rng.choice(["fp32", "fp32", "int32"]) if self.dialect == "mil" else "fp32"
+        # Every dtype the ops might take: graphs an op refuses are not instances.
+        dtype = rng.choice(DTYPES[self.dialect])
         named = {o.name: o.pattern for o in anchor_pattern.operands if o.name is not None}
         operands, data_rank = {}, rng.randint(1, 3)
         # A constant int list as long as the data's rank (tile's reps, Expand's
@@ -144,6 +153,9 @@ class _Generator:
             graph.outputs.append("extra")
         if rng.random() < 0.15:
             graph.outputs.append("anchor")
+        if rng.random() < 0.2:
+            graph.nested = True
+            graph.inputs.append(FLAG_INPUTS[self.dialect])
         return graph if graph.outputs else None
 
     def _other_dims(self, full: list) -> list:
@@ -255,7 +267,9 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     """(fired, problem): whether the rule fired on `instance`, and what broke if it did."""
     backend = backends.backend_module(rule.dialect)
     try:
-        program = backend.build_example(instance.inputs, instance.ops, instance.outputs)
+        program = backend.build_example(
+            instance.inputs, instance.ops, instance.outputs, nested_by="flag" if instance.nested else None
+        )
     except Exception:
         return False, None  # not a valid graph of this IR: not an instance
     original = backend.copy_program(program)
@@ -274,8 +288,7 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
         feeds = {}
         for name, dtype, dims in instance.inputs:
             shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
-            feeds[name] = (rng.integers(-3, 4, size=shape).astype(dtype)
-                           if dtype.startswith("int") else rng.standard_normal(shape).astype(np.float32))
+            feeds[name] = _random_array(rng, dtype, shape)
         try:
             expected = backend.evaluate_example(original, feeds)
         except Exception:
@@ -290,11 +303,23 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
             if other is None or other.shape != value.shape:
                 shape = None if other is None else other.shape
                 return True, f"output '{name}' has shape {shape} instead of {value.shape} at {binding}"
-            same = (np.allclose(value, other, rtol=1e-5, atol=1e-6, equal_nan=True)
-                    if value.dtype.kind == "f" else np.array_equal(value, other))
+            # Exact for ints and bools; for floats, a dtype's own precision.
+            if value.dtype.kind == "f":
+                tolerance = 1e-3 if value.dtype == np.float16 else 1e-5
+                same = np.allclose(value, other, rtol=tolerance, atol=tolerance, equal_nan=True)
+            else:
+                same = np.array_equal(value, other)
             if not same:
                 return True, f"output '{name}' changed value at {binding}"
     return compared > 0, None
+
+
+def _random_array(rng, dtype: str, shape) -> np.ndarray:
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if dtype.startswith("int"):
+        return rng.integers(-3, 4, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(np.float16 if dtype == "fp16" else np.float32)
 
 
 def _shrink(rule: ast.Rule, instance: Instance, problem: str) -> tuple[Instance, str]:
@@ -317,7 +342,8 @@ def _smaller(instance: Instance):
             candidate = instance.copy()
             candidate.outputs.remove(output)
             candidate.ops = [op for op in candidate.ops if op[0] != output or op[0] == "anchor"]
-            candidate.inputs = [i for i in candidate.inputs if i[0] in used(candidate)]
+            # The flag of a nested instance is read by the conditional, not by an op.
+            candidate.inputs = [i for i in candidate.inputs if i[0] in used(candidate) or i[0] == "flag"]
             yield candidate
     for position, (name, dtype, dims) in enumerate(instance.inputs):
         for axis, dim in enumerate(dims):
@@ -344,7 +370,7 @@ def verify_rule(
     Instances are shaped by `shaped_by` (default: the rule itself), so that a
     rule with a condition dropped is tried on the graphs the full rule expects.
     """
-    instances, counterexample = 0, None
+    instances, nested, counterexample = 0, 0, None
     generator = _Generator(shaped_by or rule, random.Random(seed))
     for _ in range(trials):
         instance = generator.instance()
@@ -352,6 +378,7 @@ def verify_rule(
             continue
         fired, problem = _check(rule, instance)
         instances += fired
+        nested += fired and instance.nested
         if problem:
             small, problem = _shrink(rule, instance, problem)
             counterexample = Counterexample(small.as_example(), problem)
@@ -362,7 +389,7 @@ def verify_rule(
             weaker = replace(rule, conditions=rule.conditions[:index] + rule.conditions[index + 1:])
             verdict = verify_rule(weaker, trials, seed, necessity=False, shaped_by=rule)
             results.append(Necessity(condition.text, str(condition.span), verdict.counterexample is not None))
-    return Verdict(rule.name, trials, instances, counterexample, tuple(results))
+    return Verdict(rule.name, trials, instances, counterexample, tuple(results), nested)
 
 
 def format_verdict(verdict: Verdict) -> str:
@@ -372,7 +399,8 @@ def format_verdict(verdict: Verdict) -> str:
         return "\n".join(lines)
     if verdict.instances == 0:
         return f"NONE  {verdict.rule}: no instance in {verdict.trials} trials fired the rule; nothing was checked"
-    lines = [f"PASS  {verdict.rule}: {verdict.instances} instances of {verdict.trials} trials, outputs equal"]
+    lines = [f"PASS  {verdict.rule}: {verdict.instances} instances of {verdict.trials} trials "
+             f"({verdict.nested_instances} in nested blocks), outputs equal"]
     for item in verdict.necessity:
         if item.noticed:
             lines.append(f"  needed: where {item.condition}  ({item.location})")

@@ -562,10 +562,14 @@ def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
 # ---------------------------------------------------------------- examples
 
 
-def build_example(inputs, ops, outputs) -> Program:
+def build_example(inputs, ops, outputs, nested_by: str | None = None) -> Program:
     """A program from a rule example: `inputs` are (name, dtype, dims) with
     named dims symbolic, `ops` are (name, op type, operands), operands being
-    `NamedValue`s or constants; `outputs` are names."""
+    `NamedValue`s or constants; `outputs` are names.
+
+    With `nested_by` (an fp32[1] input), the ops go into both branches of a
+    `cond` on that input being positive, so they live in nested blocks.
+    """
     from coremltools.converters.mil.mil import Function, get_new_symbol
 
     symbols: dict[str, Any] = {}
@@ -579,15 +583,26 @@ def build_example(inputs, ops, outputs) -> Program:
     }
     program = Program()
     with Function(placeholders, opset_version=ct.target.iOS18) as function:
-        values = {name: function.inputs[name] for name in placeholders}
-        for name, op_type, operands in ops:
-            arguments = {
-                key: values[value.name] if isinstance(value, NamedValue) else _operand(value)
-                for key, value in operands.items()
-            }
-            result = getattr(mb, op_type)(**arguments, name=name)
-            values[name] = result[0] if isinstance(result, (list, tuple)) else result
-        function.set_outputs([values[name] for name in outputs])
+        inputs_by_name = {name: function.inputs[name] for name in placeholders}
+
+        def body(suffix: str = ""):
+            values = dict(inputs_by_name)
+            for name, op_type, operands in ops:
+                arguments = {
+                    key: values[value.name] if isinstance(value, NamedValue) else _operand(value)
+                    for key, value in operands.items()
+                }
+                result = getattr(mb, op_type)(**arguments, name=name + suffix)
+                values[name] = result[0] if isinstance(result, (list, tuple)) else result
+            return tuple(values[name] for name in outputs)
+
+        if nested_by is None:
+            results = body()
+        else:
+            predicate = mb.squeeze(x=mb.greater(x=inputs_by_name[nested_by], y=np.float32(0)))
+            results = mb.cond(pred=predicate, _true_fn=lambda: body("_then"), _false_fn=lambda: body("_else"))
+            results = tuple(results) if isinstance(results, (list, tuple)) else (results,)
+        function.set_outputs(list(results))
     program.add_function("main", function)
     return program
 

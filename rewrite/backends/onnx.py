@@ -624,8 +624,12 @@ _EXAMPLE_OPSET = 18
 _ELEMENT_TYPES = {name: elem_type for elem_type, name in onnx_shapes._DTYPE_NAMES.items()}
 
 
-def build_example(inputs, ops, outputs) -> onnx.ModelProto:
-    """A model from a rule example (see `rewrite.backends.mil.build_example`), at opset 18."""
+def build_example(inputs, ops, outputs, nested_by: str | None = None) -> onnx.ModelProto:
+    """A model from a rule example (see `rewrite.backends.mil.build_example`), at opset 18.
+
+    With `nested_by` (a bool scalar input), the ops go into both branches of
+    an `If` on it, so they live in subgraphs.
+    """
     graph_inputs = [
         helper.make_tensor_value_info(name, _ELEMENT_TYPES[dtype], list(dims)) for name, dtype, dims in inputs
     ]
@@ -652,6 +656,8 @@ def build_example(inputs, ops, outputs) -> onnx.ModelProto:
             node_inputs.pop()
         attributes = {key: value for key, value in operands.items() if key in schema.attributes}
         nodes.append(helper.make_node(op_type, node_inputs, [name], name=name, **attributes))
+    if nested_by is not None:
+        nodes = [_branching(nodes, outputs, nested_by)]
     graph = helper.make_graph(
         nodes, "example", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializers
     )
@@ -663,6 +669,26 @@ def build_example(inputs, ops, outputs) -> onnx.ModelProto:
         if output.name in types and types[output.name].HasField("tensor_type"):
             output.type.CopyFrom(types[output.name])
     return model
+
+
+def _branching(nodes, outputs, flag: str) -> onnx.NodeProto:
+    """An If on `flag` whose branches both compute `nodes` (renamed apart, as SSA needs)."""
+    produced = {output for node in nodes for output in node.output}
+
+    def branch(suffix: str) -> onnx.GraphProto:
+        renamed = []
+        for node in nodes:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name += suffix
+            copy.input[:] = [name + suffix if name in produced else name for name in node.input]
+            copy.output[:] = [name + suffix for name in node.output]
+            renamed.append(copy)
+        results = [helper.make_empty_tensor_value_info(name + suffix) for name in outputs]
+        return helper.make_graph(renamed, "branch" + suffix, [], results)
+
+    return helper.make_node("If", [flag], list(outputs), name="nest",
+                            then_branch=branch("_then"), else_branch=branch("_else"))
 
 
 def copy_program(model: onnx.ModelProto) -> onnx.ModelProto:
