@@ -186,6 +186,8 @@ def test_new_nodes_follow_the_models_opset(write_rules, opset):
         else:
             assert not built.attribute and len(built.input) == 2
     assert model.graph.output[0].name == "m"
+    # Provenance: the nodes a rule creates carry its name.
+    assert all(n.name.startswith("reduce_over_unit_axis") for n in model.graph.node)
     np.testing.assert_array_equal(_run(model, feeds)[0], before)
 
 
