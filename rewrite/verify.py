@@ -31,6 +31,8 @@ LITERAL_DIMS = (1, 1, 2, 3, 4)
 SYMBOLS = ("B", "C")
 BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
 EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
+# Ops that contract their operands' matrix axes, per dialect spelling.
+CONTRACTIONS = frozenset({"matmul", "MatMul"})
 # The predicate input of a nested instance, as each backend wants it.
 FLAG_INPUTS = {"mil": ("flag", "fp32", [1]), "onnx": ("flag", "bool", [])}
 DTYPES = {"mil": ("fp32", "fp32", "fp16", "int32", "bool"), "onnx": ("fp32", "fp32", "fp16", "int64", "bool")}
@@ -175,6 +177,15 @@ class _Generator:
         drop = rng.choice((0, 0, 0, 1)) if len(dims) > 1 else 0
         return dims[drop:]
 
+    def _contracted_dims(self, full: list, anchor_is_left: bool) -> list:
+        # A matrix product contracts the anchor's last axis with the other's
+        # second-to-last (or the reverse); only the batch axes broadcast.
+        batch = [d if self.rng.random() < 0.6 else 1 for d in full[:-2]]
+        if self.rng.random() < 0.2:
+            batch = batch[1:]  # a lower-rank stack
+        free = self.rng.choice(LITERAL_DIMS)
+        return batch + ([full[-1], free] if anchor_is_left else [free, full[-2]])
+
     def _consumer(self, graph: Instance, index: int, dtype: str, full: list) -> None:
         rng = self.rng
         if not self.consumer_patterns:
@@ -198,7 +209,11 @@ class _Generator:
                 values.append(NamedValue("anchor"))
                 continue
             name = f"in{len(graph.inputs)}"
-            graph.inputs.append((name, "bool" if position in conditions else dtype, self._other_dims(full)))
+            if op_type in CONTRACTIONS and len(full) >= 2:
+                dims = self._contracted_dims(full, anchor_is_left=anchor_at < position)
+            else:
+                dims = self._other_dims(full)
+            graph.inputs.append((name, "bool" if position in conditions else dtype, dims))
             values.append(NamedValue(name))
         if variadic:
             operands = {signature.inputs[0].name: tuple(values)}

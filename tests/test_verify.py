@@ -11,7 +11,7 @@ import rewrite
 from rewrite.verify import format_verdict, verify_rule
 
 SHIPPED = rewrite.load_rules()
-TRIALS, SEED = 60, 0
+TRIALS, SEED = 200, 0
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ values for rest operands); a binding step copies before it extends.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import permutations
 
 from rewrite.engine.interfaces import Adapter, Op, Value
@@ -29,6 +30,13 @@ class Matcher:
         if self.adapter.op_type(op) not in pattern.types:
             return
         named = [o for o in pattern.operands if o.name is not None]
+        if named and pattern.any_order:
+            # The listed values may sit in the listed slots in any arrangement.
+            slots = [o.name for o in named]
+            for arrangement in permutations(slots):
+                moved = [replace(o, name=slot) for o, slot in zip(named, arrangement)]
+                yield from self._match_named(moved, op, env)
+            return
         if named:
             yield from self._match_named(named, op, env)
             return

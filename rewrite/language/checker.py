@@ -98,8 +98,8 @@ class Checker:
         positional = [o for o in pattern.operands if o.name is None]
         if named and positional:
             self.error(pattern.span, "an op pattern takes named or positional operands, not both")
-        if pattern.any_order and not positional:
-            self.error(pattern.span, "'in any order' needs positional operands")
+        if pattern.any_order and len(pattern.operands) < 2:
+            self.error(pattern.span, "'in any order' needs two operands or more")
         rests = [o for o in positional if o.rest]
         if len(rests) > 1 or (rests and positional[-1] is not rests[0]):
             self.error(rests[0].span, "a rest operand '%v...' comes last, once")

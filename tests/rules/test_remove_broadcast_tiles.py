@@ -455,17 +455,17 @@ def test_evaluator_sees_symbolic_sizes():
     assert op_counts(prog)["tile"] == 1
 
 
-# ------------------------------------------------------------------ known gap
+# ------------------------------------------------------------------ matmul batch axes (remove_matmul_batch_tiles)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="matmul batch broadcasting is not handled yet")
-def test_matmul_batch_tile_removed(rules):
+def test_matmul_batch_tile_removed(library):
     @program(spec(1, 4, 8), spec(2, 8, 4))
     def prog(x, y):
         return mb.matmul(x=mb.tile(x=x, reps=[2, 1, 1]), y=y, name="out")
 
+    rules = library.only("remove_matmul_batch_tiles")
     outcome = rewrite_and_compare(prog, rules, random_feeds({"x": (1, 4, 8), "y": (2, 8, 4)}))
     assert outcome.outputs[0]["out"].shape == (2, 4, 4)
     assert outcome.before["tile"] == 1
     assert outcome.after["tile"] == 0
-    assert outcome.fired() == 1
+    assert outcome.fired("remove_matmul_batch_tiles") == 1
