@@ -96,7 +96,12 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return self.counterexample is None and self.instances > 0
+        """No counterexample. With no instance at all, that proves nothing: see `conclusive`."""
+        return self.counterexample is None
+
+    @property
+    def conclusive(self) -> bool:
+        return self.instances > 0
 
 
 # ------------------------------------------------------------------ generation

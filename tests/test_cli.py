@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def test_apply_on_the_bundled_example(example, tmp_path):
     result = run("apply", example, "-o", output)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no coremltools import noise, no progress bars
-    assert "remove_broadcast_tiles  fired 1" in result.stdout
+    assert re.search(r"^remove_broadcast_tiles +fired 1$", result.stdout, re.M)
     before, _ = load_mlpackage(example)
     after, _ = load_mlpackage(output)
     assert count_ops(before, "tile") == 1 and count_ops(after, "tile") == 0
@@ -233,7 +234,7 @@ def test_the_test_command_runs_examples(tmp_path):
 def test_verify_command(tmp_path):
     result = run("verify", REPO / "rules", "--trials", "20", "--seed", "1")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("PASS") == 3
+    assert result.stdout.count("FAIL") == 0 and result.stdout.count("PASS") >= 3
     unsound = tmp_path / "unsound.rules"
     unsound.write_text('dialect mil\nrule drop "drops every tile"\n  match %t = tile(x=%x, reps=_)\n'
                        '  where every use %u of %t: %u is mul(%t, _) in any order\n  rewrite %t -> %x\n')
