@@ -31,6 +31,8 @@ LITERAL_DIMS = (1, 1, 2, 3, 4)
 SYMBOLS = ("B", "C")
 BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
 EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
+# Operands that are constants whatever the conditions say.
+CONSTANT_NAMES = frozenset({"reps", "repeats", "shape", "perm", "dtype", "axes"})
 # Ops that contract their operands' matrix axes, per dialect spelling.
 CONTRACTIONS = frozenset({"matmul", "MatMul"})
 # The predicate input of a nested instance, as each backend wants it.
@@ -123,38 +125,24 @@ class _Generator:
     def instance(self) -> Instance | None:
         rng = self.rng
         graph = Instance()
-        anchor_pattern = self.rule.anchor.pattern
-        op_type = rng.choice(sorted(anchor_pattern.types))
-        signature = self.schema.signature(op_type)
-        if signature is None:
-            return None
         # Every dtype the ops might take: graphs an op refuses are not instances.
-        dtype = rng.choice(DTYPES[self.dialect])
-        named = {o.name: o.pattern for o in anchor_pattern.operands if o.name is not None}
-        operands, data_rank = {}, rng.randint(1, 3)
+        self.dtype = rng.choice(DTYPES[self.dialect])
+        contracting = any(t in CONTRACTIONS for p in self.consumer_patterns for t in p.types)
+        self.rank = rng.randint(2, 3) if contracting else rng.randint(1, 3)
         # A constant int list as long as the data's rank (tile's reps, Expand's
         # shape) is read as a per-axis size: the data is mostly 1 where it
         # widens, and the full size is what other operands mostly carry.
-        hint = [rng.choice((1, 1, 2, 3)) for _ in range(data_rank)]
-        data_dims = [1 if size > 1 and rng.random() < 0.75 else d for size, d in zip(hint, self.dims(data_rank))]
-        full = [size if dim == 1 else dim for size, dim in zip(hint, data_dims)]
-        data_given = False
-        for position, spec in enumerate(signature.inputs):
-            if spec.optional and spec.name not in named:
-                continue
-            pattern = named.get(spec.name)
-            var = pattern.var if isinstance(pattern, ast.Bind) else None
-            if position > 0 and (var in self.constants or var is None and spec.name in ("reps", "repeats", "shape")):
-                operands[spec.name] = list(hint)
-            else:
-                name = f"in{len(graph.inputs)}"
-                dims = data_dims if not data_given else self.dims(data_rank)
-                data_given = True
-                graph.inputs.append((name, dtype, list(dims)))
-                operands[spec.name] = NamedValue(name)
-        graph.ops.append(("anchor", op_type, operands))
+        self.hint = [rng.choice((1, 1, 2, 3)) for _ in range(self.rank)]
+        if contracting and rng.random() < 0.6:
+            self.hint[-2:] = [1, 1]  # products broadcast only batch axes: widen those
+        self.data_dims = [1 if size > 1 and rng.random() < 0.75 else d
+                          for size, d in zip(self.hint, self.dims(self.rank))]
+        full = [size if dim == 1 else dim for size, dim in zip(self.hint, self.data_dims)]
+        producers = {clause.var: clause.pattern for clause in self.rule.matches[1:]}
+        if self._op(graph, self.rule.anchor.pattern, "anchor", producers) is None:
+            return None
         for index in range(rng.choice((1, 1, 2, 3))):
-            self._consumer(graph, index, dtype, full)
+            self._consumer(graph, index, self.dtype, full)
         if rng.random() < 0.15:
             graph.ops.append(("extra", EXTRA_CONSUMERS[self.dialect], _unary_operand(self.schema, self.dialect)))
             graph.outputs.append("extra")
@@ -164,6 +152,53 @@ class _Generator:
             graph.nested = True
             graph.inputs.append(FLAG_INPUTS[self.dialect])
         return graph if graph.outputs else None
+
+    def _op(self, graph: Instance, pattern: ast.OpPattern, name: str, producers: dict) -> str | None:
+        """Add an op matching `pattern` (and the ops its operands' patterns want) to `graph`."""
+        rng = self.rng
+        op_type = rng.choice(sorted(pattern.types))
+        signature = self.schema.signature(op_type)
+        if signature is None:
+            return None
+        named = {o.name: o.pattern for o in pattern.operands if o.name is not None}
+        operands = {}
+        for position, spec in enumerate(signature.inputs):
+            if spec.optional and spec.name not in named:
+                continue
+            operand = named.get(spec.name)
+            var = operand.var if isinstance(operand, ast.Bind) else None
+            producer = producers.get(var) if var else None
+            if producer is None and isinstance(operand, ast.Bind):
+                producer = operand.producer
+            if producer is None and isinstance(operand, ast.OpPattern):
+                producer = operand
+            if producer is not None:
+                made = self._op(graph, producer, f"{name}_{spec.name}", producers)
+                if made is None:
+                    return None
+                operands[spec.name] = NamedValue(made)
+            elif position > 0 and (var in self.constants or var is None and spec.name in CONSTANT_NAMES):
+                operands[spec.name] = self._constant(spec.name)
+            else:
+                input_name = f"in{len(graph.inputs)}"
+                first = not any(isinstance(v, NamedValue) for v in operands.values())
+                graph.inputs.append((input_name, self.dtype, list(self.data_dims) if first else self.dims(self.rank)))
+                operands[spec.name] = NamedValue(input_name)
+        graph.ops.append((name, op_type, operands))
+        return name
+
+    def _constant(self, operand: str):
+        """A constant operand, shaped by what the operand means."""
+        rng = self.rng
+        if operand == "perm":
+            perm = list(range(self.rank))
+            rng.shuffle(perm)
+            return perm
+        if operand == "dtype":
+            return rng.choice(("fp32", "fp16", "int32"))
+        if operand == "shape" and all(isinstance(d, int) for d in self.data_dims) and rng.random() < 0.5:
+            return [-1] if rng.random() < 0.5 else list(reversed(self.data_dims))
+        return list(self.hint)
 
     def _other_dims(self, full: list) -> list:
         rng = self.rng
@@ -295,7 +330,11 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     original = backend.copy_program(program)
     objecting = getattr(backend, "semantic_problems", lambda program: [])
     before = set(objecting(program))
-    statistics = RuleSet((rule,)).apply(program)
+    try:
+        statistics = RuleSet((rule,)).apply(program)
+    except Exception as error:  # the IR refused what the rule built: a counterexample
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return True, f"the rewrite fails: {type(error).__name__}: {first}"
     if not statistics.fires:
         return False, None
     # Only what the rewrite introduced is its fault.

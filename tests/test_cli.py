@@ -221,7 +221,8 @@ def test_progress_shows_on_a_terminal_for_big_models_only(tmp_path):
 def test_the_test_command_runs_examples(tmp_path):
     result = run("test", REPO / "rules")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "16 passed, 0 failed"
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.endswith("passed, 0 failed") and int(last.split()[0]) >= 16
     bad = tmp_path / "bad.rules"
     bad.write_text(
         'dialect mil\nrule r "d"\n  match %y = exp(x=%x)\n  rewrite %y -> %x\n'

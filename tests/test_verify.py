@@ -28,7 +28,14 @@ def test_every_shipped_rule_verifies(rule):
     assert verdict.passed, format_verdict(verdict)
     assert verdict.instances >= 5 and verdict.nested_instances >= 1
     every_use = [n for n in verdict.necessity if n.condition.startswith("every use")]
-    assert every_use and every_use[0].noticed  # dropping the consumer check is caught
+    assert all(n.noticed for n in every_use)  # dropping a consumer check is caught
+
+
+def test_the_cast_rule_needs_its_exactness_condition():
+    (rule,) = SHIPPED.only("remove_cast_round_trip").rules
+    verdict = verify_rule(rule, trials=TRIALS, seed=SEED)
+    (exact,) = [n for n in verdict.necessity if n.condition.startswith("represents")]
+    assert exact.noticed  # without it, int32 -> fp16 -> int32 round trips go too
 
 
 def _variant(write_rules, path: str, old: str, new: str, name: str, also: tuple = ()):

@@ -463,6 +463,44 @@ def _attribute(adapter, value, name):
     return UNKNOWN if found is None else found
 
 
+def _gather(adapter, items, indices):
+    if not isinstance(items, list) or not isinstance(indices, list):
+        return UNKNOWN
+    picked = []
+    for index in indices:
+        if not is_literal(index) or index != int(index) or not -len(items) <= int(index) < len(items):
+            return UNKNOWN
+        picked.append(items[int(index)])
+    return picked
+
+
+# dtype -> the dtypes that hold each of its values exactly.
+_EXACT_IN = {
+    "bool": {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+             "fp16", "bf16", "fp32", "fp64"},
+    "int8": {"int8", "int16", "int32", "int64", "fp16", "fp32", "fp64"},
+    "uint8": {"uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "fp16", "fp32", "fp64"},
+    "int16": {"int16", "int32", "int64", "fp32", "fp64"},
+    "uint16": {"uint16", "int32", "uint32", "int64", "uint64", "fp32", "fp64"},
+    "int32": {"int32", "int64", "fp64"},
+    "uint32": {"uint32", "int64", "uint64", "fp64"},
+    "int64": {"int64"},
+    "uint64": {"uint64"},
+    "fp16": {"fp16", "fp32", "fp64"},
+    "bf16": {"bf16", "fp32", "fp64"},
+    "fp32": {"fp32", "fp64"},
+    "fp64": {"fp64"},
+}
+
+
+def _represents(adapter, wide, narrow):
+    if not isinstance(wide, str) or not isinstance(narrow, str):
+        return Truth.UNKNOWN
+    if narrow not in _EXACT_IN:
+        return Truth.UNKNOWN
+    return Truth.of(wide in _EXACT_IN[narrow])
+
+
 def _len(adapter, items):
     return len(items) if isinstance(items, (list, tuple)) else UNKNOWN
 
@@ -500,6 +538,8 @@ _BUILTINS: dict[str, Callable] = {
     "same_block": _same_block,
     "op_type": _op_type,
     "attribute": _attribute,
+    "gather": _gather,
+    "represents": _represents,
     "len": _len,
     "range": _range,
     "abs": _abs,

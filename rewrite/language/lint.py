@@ -35,6 +35,10 @@ def lint_rule(rule: ast.Rule, source: SourceText) -> list[Diagnostic]:
             ))
     anchor_types = rule.anchor.pattern.types
     matched_types = _matched_types(rule)
+    # A rewrite that replaces more ops than it builds shrinks the graph at
+    # every firing, so it cannot go on forever; only the others are at risk.
+    if _built(rule) < len(matched_types):
+        return warnings
     for action in rule.actions:
         build = action.build if isinstance(action, ast.BuildAction) else action.replacement
         if isinstance(build, ast.OpBuild):
@@ -134,6 +138,15 @@ def _expr(expr):
     elif hasattr(expr, "__dataclass_fields__") and not isinstance(expr, ast.Span):
         for field in expr.__dataclass_fields__:
             yield from _expr(getattr(expr, field))
+
+
+def _built(rule: ast.Rule) -> int:
+    """How many ops the rewrite creates."""
+    count = 0
+    for action in rule.actions:
+        build = action.build if isinstance(action, ast.BuildAction) else action.replacement
+        count += isinstance(build, (ast.OpBuild, ast.Rebuild))
+    return count
 
 
 def _matched_types(rule: ast.Rule) -> dict[str, frozenset[str]]:

@@ -95,6 +95,11 @@ BUILTINS: dict[str, Signature] = {
         _signature("len", "items:any", Type.NUMBER,
                    "The length of a list, or of the operands a rest operand `%v...` bound."),
         _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),
+        _signature("gather", "items:list, indices:list", Type.LIST,
+                   "[items[i] for i in indices]; e.g. two perms composed."),
+        _signature("represents", "wide:string, narrow:string", Type.BOOL,
+                   "Every value of dtype `narrow` is exactly a value of dtype `wide` "
+                   "(fp16 in fp32, int32 in fp64, bool in anything, ...)."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),
         _signature("mod", "x:number, y:number", Type.NUMBER, "x modulo y."),
     ]
