@@ -32,7 +32,7 @@ SYMBOLS = ("B", "C")
 BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
 EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
 # Operands that are constants whatever the conditions say.
-CONSTANT_NAMES = frozenset({"reps", "repeats", "shape", "perm", "dtype", "axes"})
+CONSTANT_NAMES = frozenset({"reps", "repeats", "shape", "perm", "dtype", "axes", "keep_dims"})
 # Ops that contract their operands' matrix axes, per dialect spelling.
 CONTRACTIONS = frozenset({"matmul", "MatMul"})
 # The predicate input of a nested instance, as each backend wants it.
@@ -196,6 +196,10 @@ class _Generator:
             return perm
         if operand == "dtype":
             return rng.choice(("fp32", "fp16", "int32"))
+        if operand in ("keep_dims", "keepdims"):
+            return rng.random() < 0.5
+        if operand == "axes":
+            return [rng.randrange(self.rank)]
         if operand == "shape" and all(isinstance(d, int) for d in self.data_dims) and rng.random() < 0.5:
             return [-1] if rng.random() < 0.5 else list(reversed(self.data_dims))
         return list(self.hint)

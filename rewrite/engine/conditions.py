@@ -463,6 +463,20 @@ def _attribute(adapter, value, name):
     return UNKNOWN if found is None else found
 
 
+def _normalized_axes(adapter, axes, rank):
+    if is_literal(axes):
+        axes = [axes]
+    if not isinstance(axes, list) or not is_literal(rank) or rank != int(rank):
+        return UNKNOWN
+    rank = int(rank)
+    positions = set()
+    for axis in axes:
+        if not is_literal(axis) or axis != int(axis) or not -rank <= int(axis) < rank:
+            return UNKNOWN
+        positions.add(int(axis) % rank)
+    return sorted(positions)
+
+
 def _gather(adapter, items, indices):
     if not isinstance(items, list) or not isinstance(indices, list):
         return UNKNOWN
@@ -539,6 +553,7 @@ _BUILTINS: dict[str, Callable] = {
     "op_type": _op_type,
     "attribute": _attribute,
     "gather": _gather,
+    "normalized_axes": _normalized_axes,
     "represents": _represents,
     "len": _len,
     "range": _range,

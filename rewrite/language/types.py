@@ -97,6 +97,8 @@ BUILTINS: dict[str, Signature] = {
         _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),
         _signature("gather", "items:list, indices:list", Type.LIST,
                    "[items[i] for i in indices]; e.g. two perms composed."),
+        _signature("normalized_axes", "axes:any, rank:number", Type.LIST,
+                   "The axes as sorted, distinct, non-negative positions in a value of `rank` axes."),
         _signature("represents", "wide:string, narrow:string", Type.BOOL,
                    "Every value of dtype `narrow` is exactly a value of dtype `wide` "
                    "(fp16 in fp32, int32 in fp64, bool in anything, ...)."),
