@@ -202,6 +202,9 @@ class _Generator:
             return [rng.randrange(self.rank)]
         if operand == "shape" and all(isinstance(d, int) for d in self.data_dims) and rng.random() < 0.5:
             return [-1] if rng.random() < 0.5 else list(reversed(self.data_dims))
+        if operand not in CONSTANT_NAMES and self.dtype in ("fp32", "fp16"):
+            # A data operand made constant: boundary scalars matter most.
+            return rng.choice((float("-inf"), -1e9, 0.0, 1.0, float("inf")))
         return list(self.hint)
 
     def _other_dims(self, full: list) -> list:

@@ -477,6 +477,28 @@ def _normalized_axes(adapter, axes, rank):
     return sorted(positions)
 
 
+def _lowest(adapter, dtype):
+    if not isinstance(dtype, str):
+        return UNKNOWN
+    if dtype in ("fp16", "fp32", "fp64", "bf16"):
+        return float("-inf")
+    if dtype == "bool":
+        return 0
+    try:
+        return int(np.iinfo(np.dtype(dtype)).min)
+    except TypeError:
+        return UNKNOWN
+
+
+def _max_of(adapter, items):
+    flat = np.asarray(items, dtype=object).reshape(-1).tolist() if isinstance(items, list) else [items]
+    if not flat or not all(is_literal(v) for v in flat):
+        return UNKNOWN
+    if any(isinstance(v, float) and math.isnan(v) for v in flat):
+        return UNKNOWN
+    return max(flat)
+
+
 def _gather(adapter, items, indices):
     if not isinstance(items, list) or not isinstance(indices, list):
         return UNKNOWN
@@ -553,6 +575,8 @@ _BUILTINS: dict[str, Callable] = {
     "op_type": _op_type,
     "attribute": _attribute,
     "gather": _gather,
+    "lowest": _lowest,
+    "max_of": _max_of,
     "normalized_axes": _normalized_axes,
     "represents": _represents,
     "len": _len,
