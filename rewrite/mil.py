@@ -1,0 +1,76 @@
+"""The shipped MIL rules as coremltools graph passes, placed in a pipeline.
+
+    import coremltools as ct
+    from rewrite.mil import build_pass_pipeline
+
+    model = ct.convert(program, pass_pipeline=build_pass_pipeline(), ...)
+
+The rules run in three groups, each registered as one graph pass and placed
+relative to coremltools' default passes, the way a converter places its
+hand-written passes: cleanups before constants are folded, fusions before
+matmul/bias fusion, and a late group after `reduce_mean` is formed (which
+can expose reductions to fuse again).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from rewrite.api import RuleSet, load_rules
+from rewrite.backends.mil import ct, register_graph_pass
+
+
+@dataclass(frozen=True)
+class PassGroup:
+    name: str  # the graph pass's registered name
+    rules: tuple[str, ...]
+    anchor: str  # a default pass to place the group next to
+    after: bool  # after the anchor (else before its first occurrence)
+
+
+GROUPS = (
+    PassGroup(
+        "rewrite::cleanup",
+        (
+            "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
+            "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
+            "remove_maximum_with_lowest", "fuse_reduce_keep_dims",
+        ),
+        "common::const_elimination",
+        after=False,
+    ),
+    PassGroup("rewrite::fusion", (), "common::fuse_matmul_weight_bias", after=False),
+    PassGroup("rewrite::late", ("fuse_reduce_keep_dims",), "common::fuse_reduce_mean", after=True),
+)
+DEAD_CODE = "common::dead_code_elimination"
+
+
+def register_groups(rules: RuleSet | None = None) -> tuple[str, ...]:
+    """Register every group as a coremltools graph pass; return their names."""
+    rules = rules if rules is not None else load_rules(dialects=["mil"])
+    known = {rule.name for rule in rules.rules}
+    for group in GROUPS:
+        register_graph_pass(rules.only(*[r for r in group.rules if r in known]), group.name)
+    return tuple(group.name for group in GROUPS)
+
+
+def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | None = None) -> ct.PassPipeline:
+    """`base` (default: coremltools' default pipeline) with the rule groups placed in it.
+
+    `base` itself is not changed, and a pipeline that already has the groups
+    comes back as it is: calling this twice adds nothing.
+    """
+    pipeline = copy.deepcopy(base) if base is not None else ct.PassPipeline.DEFAULT
+    register_groups(rules)
+    for group in GROUPS:
+        if group.name in pipeline.passes:
+            continue
+        passes = list(pipeline.passes)
+        if group.anchor in passes:
+            index = passes.index(group.anchor) + (1 if group.after else 0)
+        else:
+            index = 0 if not group.after else len(passes)
+        pipeline.insert_pass(index, group.name)
+        pipeline.insert_pass(index + 1, DEAD_CODE)
+    return pipeline
