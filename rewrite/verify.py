@@ -32,7 +32,10 @@ SYMBOLS = ("B", "C")
 BINDINGS = ({"B": 2, "C": 2}, {"B": 3, "C": 3}, {"B": 2, "C": 1}, {"B": 1, "C": 3})
 EXTRA_CONSUMERS = {"mil": "exp", "onnx": "Exp"}
 # Operands that are constants whatever the conditions say.
-CONSTANT_NAMES = frozenset({"reps", "repeats", "shape", "perm", "dtype", "axes", "keep_dims"})
+CONSTANT_NAMES = frozenset({
+    "reps", "repeats", "shape", "perm", "dtype", "axes", "keep_dims", "begin", "end", "stride",
+    "begin_mask", "end_mask", "squeeze_mask",
+})
 # Ops that contract their operands' matrix axes, per dialect spelling.
 CONTRACTIONS = frozenset({"matmul", "MatMul"})
 # The predicate input of a nested instance, as each backend wants it.
@@ -161,10 +164,13 @@ class _Generator:
         if signature is None:
             return None
         named = {o.name: o.pattern for o in pattern.operands if o.name is not None}
+        optional = {o.name for o in pattern.operands if o.optional}
         operands = {}
         for position, spec in enumerate(signature.inputs):
             if spec.optional and spec.name not in named:
                 continue
+            if spec.name in optional and rng.random() < 0.5:
+                continue  # `name=%v?`: try it absent too
             operand = named.get(spec.name)
             var = operand.var if isinstance(operand, ast.Bind) else None
             producer = producers.get(var) if var else None
@@ -177,12 +183,14 @@ class _Generator:
                 if made is None:
                     return None
                 operands[spec.name] = NamedValue(made)
-            elif position > 0 and (var in self.constants or var is None and spec.name in CONSTANT_NAMES):
+            elif position > 0 and (var in self.constants or spec.name in CONSTANT_NAMES or spec.name in optional):
                 operands[spec.name] = self._constant(spec.name)
             else:
                 input_name = f"in{len(graph.inputs)}"
                 first = not any(isinstance(v, NamedValue) for v in operands.values())
-                graph.inputs.append((input_name, self.dtype, list(self.data_dims) if first else self.dims(self.rank)))
+                same_shape = first or spec.name == "update"  # an update covers what it writes
+                dims = list(self.data_dims) if same_shape else self.dims(self.rank)
+                graph.inputs.append((input_name, self.dtype, dims))
                 operands[spec.name] = NamedValue(input_name)
         graph.ops.append((name, op_type, operands))
         return name
@@ -198,6 +206,14 @@ class _Generator:
             return rng.choice(("fp32", "fp16", "int32"))
         if operand in ("keep_dims", "keepdims"):
             return rng.random() < 0.5
+        if operand == "begin":
+            return [0 if rng.random() < 0.8 else 1 for _ in range(self.rank)]
+        if operand == "end":
+            return [d if isinstance(d, int) and rng.random() < 0.8 else 0 for d in self.data_dims]
+        if operand.endswith("_mask"):
+            return [rng.random() < 0.5 for _ in range(self.rank)]
+        if operand == "stride":
+            return [1 if rng.random() < 0.8 else 2 for _ in range(self.rank)]
         if operand == "axes":
             return [rng.randrange(self.rank)]
         if operand == "shape" and all(isinstance(d, int) for d in self.data_dims) and rng.random() < 0.5:

@@ -21,9 +21,9 @@ import numpy as np
 
 from rewrite.engine.interfaces import Adapter
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
-from rewrite.engine.matcher import Environment, Matcher
+from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.language import ast
-from rewrite.language.types import NAMED_CONSTANTS
+from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Type
 from rewrite.predicates import Predicate, PredicateContext
 
 
@@ -270,6 +270,8 @@ class Evaluator:
     def _constant_list(self, value) -> list | None:
         # `%reps[axis]` is read once per axis; convert the constant once per
         # evaluation (constants do not change while conditions are evaluated).
+        if value is ABSENT:
+            return None
         key = id(value)
         if key not in self._constants:
             constant = self.adapter.constant(value)
@@ -283,6 +285,9 @@ class Evaluator:
         keywords = {name: self.value(a, env) for name, a in expr.keywords}
         builtin = _BUILTINS.get(expr.function)
         if builtin is not None:
+            if expr.function != "absent" and _missing_value(expr.function, arguments, keywords):
+                # A graph-value parameter given an absent operand (or nothing known).
+                return Truth.UNKNOWN if BUILTINS[expr.function].result is Type.BOOL else UNKNOWN
             return builtin(self.adapter, *arguments, **keywords)
         predicate = self.predicates[expr.function]
         result = predicate.function(self.context, *arguments)
@@ -315,6 +320,18 @@ Evaluator._value_of = {
 
 
 # -------------------------------------------------------------------- helpers
+
+
+def _missing_value(function: str, arguments, keywords) -> bool:
+    signature = BUILTINS[function]
+    for parameter, argument in zip(signature.positional, arguments):
+        if parameter.type is Type.VALUE and (argument is ABSENT or argument is UNKNOWN or argument is None):
+            return True
+    for name, argument in keywords.items():
+        parameter = signature.keywords.get(name)
+        if parameter is not None and parameter.type is Type.VALUE and (argument is ABSENT or argument is UNKNOWN):
+            return True
+    return False
 
 
 def _equal(left, right) -> Truth:
@@ -352,7 +369,7 @@ def _arithmetic(operator: str, left, right):
 
 
 def _shape(adapter: Adapter, value):
-    if value is None or value is UNKNOWN or isinstance(value, (list, tuple)):
+    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
         return None
     return adapter.shape(value)
 
@@ -401,9 +418,13 @@ def _aligned_dim(adapter, value, axis, of):
 
 
 def _constant(adapter, value):
-    if value is None or value is UNKNOWN or isinstance(value, (list, tuple)):
+    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
         return None
     return adapter.constant(value)
+
+
+def _absent(adapter, value):
+    return Truth.of(value is ABSENT)
 
 
 def _is_const(adapter, value):
@@ -426,7 +447,7 @@ def _is_known(adapter, dim):
 
 
 def _dtype(adapter, value):
-    if value is None or value is UNKNOWN:
+    if value is None or value is UNKNOWN or value is ABSENT:
         return UNKNOWN
     dtype = adapter.dtype(value)
     return UNKNOWN if dtype is None else dtype
@@ -564,6 +585,7 @@ _BUILTINS: dict[str, Callable] = {
     "axes": _axes,
     "aligned_dim": _aligned_dim,
     "is_const": _is_const,
+    "absent": _absent,
     "const": _const,
     "is_symbolic": _is_symbolic,
     "is_known": _is_known,

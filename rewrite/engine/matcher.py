@@ -19,6 +19,16 @@ from rewrite.language import ast
 Environment = dict
 
 
+class _Absent:
+    """What `name=%v?` binds when the op has no such operand."""
+
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()
+
+
 class Matcher:
     """Matches patterns of one dialect through an adapter."""
 
@@ -49,7 +59,9 @@ class Matcher:
         first, rest = operands[0], operands[1:]
         value = self.adapter.operand(op, first.name)
         if value is None:
-            return
+            if not first.optional:
+                return
+            value = ABSENT
         for extended in self.match_value(first.pattern, value, env):
             yield from self._match_named(rest, op, extended)
 

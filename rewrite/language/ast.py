@@ -63,6 +63,7 @@ class Operand:
     pattern: ValuePattern
     rest: bool
     span: Span = field(compare=False)
+    optional: bool = False  # `name=%v?`: the operand may be absent; %v is then `absent`
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ class Checker:
         base, _ = self.check_expr(expr.base, scope)
         self._expect(expr.index, scope, Type.NUMBER, "an index")
         if base is Type.VALUE:
-            return Type.NUMBER, scope  # an element of the value's constant
+            return Type.ANY, scope  # an element of the value's constant: a number, a bool, a string
         if not Type.LIST.accepts(base):
             self.error(expr.base.span, f"only a list or a constant value can be indexed, not {base}")
         return Type.ANY, scope

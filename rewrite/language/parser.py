@@ -273,6 +273,11 @@ class _ToAst(Transformer):
         name, pattern = children
         return ast.Operand(str(name), pattern, False, self._token_span(name))
 
+    def optional_operand(self, meta, children):
+        name, var = children
+        span = self._token_span(var)
+        return ast.Operand(str(name), ast.Bind(str(var), None, span), False, self._token_span(name), True)
+
     def positional_operand(self, meta, children):
         (pattern,) = children
         return ast.Operand(None, pattern, False, self._span(meta))

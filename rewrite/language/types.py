@@ -74,6 +74,8 @@ BUILTINS: dict[str, Signature] = {
                    "The dim of a value at `axis` of `of`, both right-aligned as numpy "
                    "broadcasting aligns them; 1 where the value has no such axis."),
         _signature("is_const", "value", Type.BOOL, "The value is a compile-time constant."),
+        _signature("absent", "value", Type.BOOL,
+                   "The optional operand bound by `name=%v?` is not there."),
         _signature("const", "value", Type.ANY,
                    "The value's constant, as a number or a (nested) list."),
         _signature("is_symbolic", "dim:number", Type.BOOL, "The dim is a symbol."),

@@ -99,7 +99,7 @@ rule r "d"
     [
         ('dialect mil\nrule r "d"\n  match %t tile(x=%x)\n', 3, 12, "expected '='"),
         ('dialect mil\nrule r "d" match %t = tile(x=%x,', 2, 33, "unexpected end of file"),
-        ("dialect mil\nrule r \"d\" match %t = tile(x=%x) where ?\n", 2, 40, "unexpected character '?'"),
+        ("dialect mil\nrule r \"d\" match %t = tile(x=%x) where $\n", 2, 40, "unexpected character '$'"),
         ("rule 3", 1, 6, "expected a name"),
     ],
 )
