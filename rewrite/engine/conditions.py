@@ -322,14 +322,27 @@ Evaluator._value_of = {
 # -------------------------------------------------------------------- helpers
 
 
+# builtin -> (positions, keyword names) of its graph-value parameters; computed
+# once, since every call of a builtin checks them.
+_VALUE_PARAMETERS = {
+    name: (
+        tuple(i for i, p in enumerate(signature.positional) if p.type is Type.VALUE),
+        tuple(n for n, p in signature.keywords.items() if p.type is Type.VALUE),
+    )
+    for name, signature in BUILTINS.items()
+}
+
+
 def _missing_value(function: str, arguments, keywords) -> bool:
-    signature = BUILTINS[function]
-    for parameter, argument in zip(signature.positional, arguments):
-        if parameter.type is Type.VALUE and (argument is ABSENT or argument is UNKNOWN or argument is None):
-            return True
-    for name, argument in keywords.items():
-        parameter = signature.keywords.get(name)
-        if parameter is not None and parameter.type is Type.VALUE and (argument is ABSENT or argument is UNKNOWN):
+    positions, names = _VALUE_PARAMETERS[function]
+    for position in positions:
+        if position < len(arguments):
+            argument = arguments[position]
+            if argument is ABSENT or argument is UNKNOWN or argument is None:
+                return True
+    for name in names:
+        argument = keywords.get(name)
+        if argument is ABSENT or argument is UNKNOWN:
             return True
     return False
 
