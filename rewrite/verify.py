@@ -88,6 +88,7 @@ class Necessity:
     condition: str
     location: str
     noticed: bool  # some instance failed once it was dropped
+    extra_instances: int = 0  # instances that fired only once it was dropped (all fine, if not noticed)
 
 
 @dataclass(frozen=True)
@@ -470,7 +471,8 @@ def verify_rule(
         for index, condition in enumerate(rule.conditions):
             weaker = replace(rule, conditions=rule.conditions[:index] + rule.conditions[index + 1:])
             verdict = verify_rule(weaker, trials, seed, necessity=False, shaped_by=rule)
-            results.append(Necessity(condition.text, str(condition.span), verdict.counterexample is not None))
+            results.append(Necessity(condition.text, str(condition.span), verdict.counterexample is not None,
+                                     max(verdict.instances - instances, 0)))
     return Verdict(rule.name, trials, instances, counterexample, tuple(results), nested)
 
 
@@ -486,7 +488,10 @@ def format_verdict(verdict: Verdict) -> str:
     for item in verdict.necessity:
         if item.noticed:
             lines.append(f"  needed: where {item.condition}  ({item.location})")
+        elif item.extra_instances:
+            lines.append(f"  possibly redundant: without it {item.extra_instances} more instances fired, all with "
+                         f"equal outputs: where {item.condition}  ({item.location})")
         else:
-            lines.append(f"  possibly redundant, or the generator does not reach what it guards: "
+            lines.append(f"  not exercised (the generator is too weak here): every instance already met "
                          f"where {item.condition}  ({item.location})")
     return "\n".join(lines)

@@ -229,3 +229,9 @@ def test_rebuilding_the_anchor_type_is_a_warning(write_rules):
           rewrite %y -> exp(x=%x)
         """)
     assert len(messages) == 1 and "may fire again on its own result" in messages[0]
+
+
+def test_wrong_arity_is_an_error(write_rules):
+    error, _ = _error(write_rules, 'dialect mil\nrule r "d" match %t = tile(%a, %b, %c) rewrite %t -> %a\n')
+    assert "op 'tile' takes at most 2 operands; the pattern lists 3" in error.first.message
+    assert (error.first.span.line, error.first.span.column) == (2, 23)
