@@ -35,7 +35,8 @@ GROUPS = (
         (
             "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
             "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
-            "remove_maximum_with_lowest", "fuse_reduce_keep_dims",
+            "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "remove_noop_slice_update",
+            "broadcast_select_operands", "broadcast_select_bool_operands",
         ),
         "common::const_elimination",
         after=False,

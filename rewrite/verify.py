@@ -191,7 +191,8 @@ class _Generator:
                 first = not any(isinstance(v, NamedValue) for v in operands.values())
                 same_shape = first or spec.name == "update"  # an update covers what it writes
                 dims = list(self.data_dims) if same_shape else self.dims(self.rank)
-                graph.inputs.append((input_name, self.dtype, dims))
+                dtype = "bool" if spec.name in ("cond", "condition") else self.dtype
+                graph.inputs.append((input_name, dtype, dims))
                 operands[spec.name] = NamedValue(input_name)
         graph.ops.append((name, op_type, operands))
         return name
@@ -353,7 +354,7 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
         return False, None  # not a valid graph of this IR: not an instance
     original = backend.copy_program(program)
     objecting = getattr(backend, "semantic_problems", lambda program: [])
-    before = set(objecting(program))
+    before = {problem.key for problem in objecting(program)}
     try:
         statistics = RuleSet((rule,)).apply(program)
     except Exception as error:  # the IR refused what the rule built: a counterexample
@@ -362,9 +363,9 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     if not statistics.fires:
         return False, None
     # Only what the rewrite introduced is its fault.
-    objections = [problem for problem in objecting(program) if problem not in before]
+    objections = [problem for problem in objecting(program) if problem.key not in before]
     if objections:
-        return True, objections[0]
+        return True, objections[0].message
     rng = np.random.default_rng(0)
     compared = 0
     for binding in BINDINGS:

@@ -15,6 +15,7 @@ import logging
 import os
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +352,23 @@ class MilAdapter:
                         f"{_describe(old_dtype, old_shape)} to {_describe(new_dtype, new_shape)}"
                     )
 
+    def replace_operand(self, op: Operation, old: Var, new: Var) -> None:
+        self._changed = True
+        changed = {}
+        for name, value in op.inputs.items():
+            if isinstance(value, (list, tuple)) and any(v is old for v in value):
+                changed[name] = tuple(new if v is old else v for v in value)
+            elif value is old:
+                changed[name] = new
+        if not changed:
+            return
+        with _in_block(op.enclosing_block):
+            # The new operand differs in type on purpose (it is wider); the op's
+            # own output must not change, which checked mode verifies.
+            op.set_inputs(no_check_var_types=True, type_inference=False, **changed)
+        if self.check_types:
+            self._check_consumers([op])
+
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
 
@@ -617,7 +635,16 @@ def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str
     return evaluate(program, feeds)
 
 
-def semantic_problems(program: Program) -> list[str]:
+@dataclass(frozen=True)
+class SemanticProblem:
+    """An objection to a program; `key` names the place, so that one that was
+    there before a rewrite is recognized after it."""
+
+    key: tuple
+    message: str
+
+
+def semantic_problems(program: Program) -> list[SemanticProblem]:
     """What Core ML's runtime refuses although the values would be right.
 
     A `select` whose operand broadcasts implicitly (its shape is not the
@@ -642,8 +669,11 @@ def semantic_problems(program: Program) -> list[str]:
                     not (isinstance(x, int) and isinstance(y, int) and x == y) and x != y
                     for x, y in zip(shape, output)
                 ):
-                    problems.append(f"select '{op.name}' broadcasts its operand '{name}' implicitly "
-                                    f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that")
+                    problems.append(SemanticProblem(
+                        (op.name, name),
+                        f"select '{op.name}' broadcasts its operand '{name}' implicitly "
+                        f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that",
+                    ))
 
     for function in program.functions.values():
         walk(function)

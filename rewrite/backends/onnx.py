@@ -405,6 +405,17 @@ class OnnxAdapter:
         if _is_output(old):
             self._replace_output(old, new)
 
+    def replace_operand(self, op: Node, old: Value, new: Value) -> None:
+        if not any(value is old for value in op.inputs):
+            return
+        for position, value in enumerate(op.inputs):
+            if value is old:
+                op.proto.input[position] = new.name
+        op.inputs = tuple(new if value is old else value for value in op.inputs)
+        old.uses = [use for use in old.uses if use is not op]  # op is live: no lazy removal
+        new.uses.append(op)
+        op.graph.dirty = True
+
     def _replace_output(self, old: Value, new: Value) -> None:
         for graph in dict.fromkeys(old.output_of):
             for position, value in enumerate(graph.outputs):

@@ -78,7 +78,11 @@ class Evaluator:
         for position in range(start, len(items)):
             head = items[position]
             if type(head) is ast.And:
-                return self._all(items[:position] + conjuncts(head) + items[position + 1 :], env, position)
+                # Flatten and go on from here; what held so far still counts.
+                flattened = items[:position] + conjuncts(head) + items[position + 1 :]
+                truth, final = self._all(flattened, env, position)
+                combined = result & truth
+                return combined, (final if combined is Truth.YES else None)
             if type(head) is ast.Matches and not head.negated:
                 # Existential over the ways the pattern matches: the first way
                 # that makes the rest hold wins.
@@ -511,6 +515,18 @@ def _normalized_axes(adapter, axes, rank):
     return sorted(positions)
 
 
+_NUMPY_TYPES = {
+    "bool": np.bool_, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+    "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
+    "fp16": np.float16, "fp32": np.float32, "fp64": np.float64,
+}
+
+
+def _zero_of(adapter, dtype):
+    kind = _NUMPY_TYPES.get(dtype) if isinstance(dtype, str) else None
+    return UNKNOWN if kind is None else kind(0)
+
+
 def _lowest(adapter, dtype):
     if not isinstance(dtype, str):
         return UNKNOWN
@@ -611,6 +627,7 @@ _BUILTINS: dict[str, Callable] = {
     "attribute": _attribute,
     "gather": _gather,
     "lowest": _lowest,
+    "zero_of": _zero_of,
     "max_of": _max_of,
     "normalized_axes": _normalized_axes,
     "represents": _represents,

@@ -153,6 +153,9 @@ class Adapter(Protocol):
         A function output keeps its name.
         """
 
+    def replace_operand(self, op: Op, old: Value, new: Value) -> None:
+        """Make `op` use `new` wherever it uses `old`; other uses of `old` stay."""
+
     def remove_op(self, op: Op) -> None:
         """Remove an op none of whose outputs is used."""
 

@@ -30,6 +30,11 @@ class Rewriter:
                 continue
             old = env[action.target]
             replacement = action.replacement
+            if action.within is not None:
+                # Only one consumer's operands change; `old` keeps its other uses.
+                consumer = self.adapter.producer(env[action.within])
+                self.adapter.replace_operand(consumer, old, env[replacement.var])
+                continue
             if isinstance(replacement, ast.ValueRef):
                 new = env[replacement.var]
             elif isinstance(replacement, ast.OpBuild):

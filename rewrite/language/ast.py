@@ -270,6 +270,7 @@ class ReplaceAction:
     target: str
     replacement: ValueRef | OpBuild | Rebuild
     span: Span = field(compare=False)
+    within: str | None = None  # `%old -> %new in %op`: only %op's operands change
 
 
 Action = BuildAction | ReplaceAction

@@ -394,6 +394,8 @@ class Checker:
             return action
         if action.target not in scope.values:
             self.error(action.span, f"'{action.target}' is not bound here")
+        if action.within is not None and action.within not in scope.values:
+            self.error(action.span, f"'{action.within}' is not bound here")
         replacement = action.replacement
         if isinstance(replacement, ast.ValueRef):
             self.check_expr(replacement, scope)

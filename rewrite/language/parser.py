@@ -440,6 +440,12 @@ class _ToAst(Transformer):
         target, op_build = children
         return ast.ReplaceAction(str(target), op_build, self._token_span(target))
 
+    def replace_operand(self, meta, children):
+        target, source, within = children
+        return ast.ReplaceAction(
+            str(target), ast.ValueRef(str(source), self._token_span(source)), self._token_span(target), str(within)
+        )
+
     def rebuild(self, meta, children):
         target, var, *arguments = children
         rebuild = ast.Rebuild(str(var), tuple(arguments), self._token_span(var))

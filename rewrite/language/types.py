@@ -104,6 +104,8 @@ BUILTINS: dict[str, Signature] = {
         _signature("represents", "wide:string, narrow:string", Type.BOOL,
                    "Every value of dtype `narrow` is exactly a value of dtype `wide` "
                    "(fp16 in fp32, int32 in fp64, bool in anything, ...)."),
+        _signature("zero_of", "dtype:string", Type.ANY,
+                   "A zero of that dtype (false for bool), typed, for building constants."),
         _signature("lowest", "dtype:string", Type.NUMBER,
                    "The lowest value of a dtype: -inf for floats, the minimum for ints."),
         _signature("max_of", "items:any", Type.NUMBER, "The largest element of a (nested) list or number."),

@@ -97,3 +97,22 @@ def test_condition(write_rules, graph, condition, expected):
     (env,) = list(matcher.match_rule(rule, anchor))
     truth, _ = Evaluator(adapter, matcher, {}).holds(conjuncts(rule.conditions[0].expr), env)
     assert truth is expected
+
+
+def test_an_unknown_clause_is_not_forgotten_by_a_later_and_clause(write_rules, graph):
+    # Regression: flattening a later `where a and b` once reset the verdict to yes.
+    text = """
+    dialect toy
+    rule probe "an unknown clause, then a conjunction"
+      match %y = add(x=%x, y=%t)
+      where dim(%x, 0) == 4
+      where true and true
+      rewrite %y -> %y
+    """
+    (rule,) = load_toy_rules(write_rules(text)).rules
+    adapter = ToyAdapter(graph)
+    matcher = Matcher(adapter)
+    anchor = next(op for op in graph.main.ops if op.type == "add")
+    (env,) = list(matcher.match_rule(rule, anchor))
+    truth, final = Evaluator(adapter, matcher, {}).holds([c.expr for c in rule.conditions], env)
+    assert truth is MAYBE and final is None

@@ -224,6 +224,13 @@ class ToyAdapter:
     def finish(self):
         pass
 
+    def replace_operand(self, op, old, new):
+        for key, value in op.inputs.items():
+            if value is old:
+                op.inputs[key] = new
+        old.uses = [use for use in old.uses if use is not op]
+        new.uses.append(op)
+
     def remove_op(self, op):
         for value in _flat(op.inputs.values()):
             value.uses = [u for u in value.uses if u is not op]
