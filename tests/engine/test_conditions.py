@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rewrite.engine.conditions import Evaluator, conjuncts
+from rewrite.engine.conditions import Evaluator
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from tests.engine.toy_ir import Graph, ToyAdapter, load_toy_rules
@@ -80,14 +80,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("condition, expected", CASES, ids=[c for c, _ in CASES])
-def test_condition(write_rules, graph, condition, expected):
+def _verdict(write_rules, graph, where_clauses: str):
+    """The conditions' verdict (and bindings) on the graph's add, as the driver would reach it."""
     text = f"""
     dialect toy
-    rule probe "evaluates one condition"
+    rule probe "evaluates conditions"
       match %y = add(x=%x, y=%t)
       match %t = tile(x=%s, reps=%reps)
-      where {condition}
+      {where_clauses}
       rewrite %y -> %y
     """
     (rule,) = load_toy_rules(write_rules(text)).rules
@@ -95,24 +95,16 @@ def test_condition(write_rules, graph, condition, expected):
     matcher = Matcher(adapter)
     anchor = next(op for op in graph.main.ops if op.type == "add")
     (env,) = list(matcher.match_rule(rule, anchor))
-    truth, _ = Evaluator(adapter, matcher, {}).holds(conjuncts(rule.conditions[0].expr), env)
+    return Evaluator(adapter, matcher, {}).holds([c.expr for c in rule.conditions], env)
+
+
+@pytest.mark.parametrize("condition, expected", CASES, ids=[c for c, _ in CASES])
+def test_condition(write_rules, graph, condition, expected):
+    truth, _ = _verdict(write_rules, graph, f"where {condition}")
     assert truth is expected
 
 
 def test_an_unknown_clause_is_not_forgotten_by_a_later_and_clause(write_rules, graph):
     # Regression: flattening a later `where a and b` once reset the verdict to yes.
-    text = """
-    dialect toy
-    rule probe "an unknown clause, then a conjunction"
-      match %y = add(x=%x, y=%t)
-      where dim(%x, 0) == 4
-      where true and true
-      rewrite %y -> %y
-    """
-    (rule,) = load_toy_rules(write_rules(text)).rules
-    adapter = ToyAdapter(graph)
-    matcher = Matcher(adapter)
-    anchor = next(op for op in graph.main.ops if op.type == "add")
-    (env,) = list(matcher.match_rule(rule, anchor))
-    truth, final = Evaluator(adapter, matcher, {}).holds([c.expr for c in rule.conditions], env)
+    truth, final = _verdict(write_rules, graph, "where dim(%x, 0) == 4\n      where true and true")
     assert truth is MAYBE and final is None
