@@ -35,14 +35,18 @@ GROUPS = (
         (
             "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
             "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
-            "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "remove_noop_slice_update",
+            "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
+            "remove_noop_slice_update",
             "broadcast_select_operands", "broadcast_select_bool_operands",
         ),
         "common::const_elimination",
         after=False,
     ),
     PassGroup("rewrite::fusion", (), "common::fuse_matmul_weight_bias", after=False),
-    PassGroup("rewrite::late", ("fuse_reduce_keep_dims",), "common::fuse_reduce_mean", after=True),
+    PassGroup(
+        "rewrite::late", ("fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape"), "common::fuse_reduce_mean",
+        after=True,
+    ),
 )
 DEAD_CODE = "common::dead_code_elimination"
 

@@ -549,6 +549,17 @@ def _max_of(adapter, items):
     return max(flat)
 
 
+def _contains(adapter, items, item):
+    if not isinstance(items, (list, tuple)):
+        return Truth.UNKNOWN
+    result = Truth.NO
+    for element in items:
+        result = result | _equal(element, item)
+        if result is Truth.YES:
+            break
+    return result
+
+
 def _gather(adapter, items, indices):
     if not isinstance(items, list) or not isinstance(indices, list):
         return UNKNOWN
@@ -625,6 +636,7 @@ _BUILTINS: dict[str, Callable] = {
     "same_block": _same_block,
     "op_type": _op_type,
     "attribute": _attribute,
+    "contains": _contains,
     "gather": _gather,
     "lowest": _lowest,
     "zero_of": _zero_of,

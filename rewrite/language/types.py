@@ -97,6 +97,7 @@ BUILTINS: dict[str, Signature] = {
         _signature("len", "items:any", Type.NUMBER,
                    "The length of a list, or of the operands a rest operand `%v...` bound."),
         _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),
+        _signature("contains", "items:any, item:any", Type.BOOL, "The list has the item."),
         _signature("gather", "items:list, indices:list", Type.LIST,
                    "[items[i] for i in indices]; e.g. two perms composed."),
         _signature("normalized_axes", "axes:any, rank:number", Type.LIST,
