@@ -42,10 +42,21 @@ GROUPS = (
         "common::const_elimination",
         after=False,
     ),
-    PassGroup("rewrite::fusion", (), "common::fuse_matmul_weight_bias", after=False),
     PassGroup(
-        "rewrite::late", ("fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape"), "common::fuse_reduce_mean",
-        after=True,
+        "rewrite::fusion",
+        (
+            "remove_broadcast_tiles", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
+            "remove_maximum_with_lowest", "remove_select_of_masked_exp",
+            "replace_decomposed_softmax", "replace_decomposed_softmax_wide_sum",
+            "drop_softmax_max_shift", "drop_softmax_constant_shift",
+            "fuse_logit_softcap", "fold_scaling_into_scaled_tanh", "fuse_gelu_erf", "fuse_gelu_tanh",
+        ),
+        "common::fuse_matmul_weight_bias",
+        after=False,
+    ),
+    PassGroup(
+        "rewrite::late", ("fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm"),
+        "common::fuse_reduce_mean", after=True,
     ),
 )
 DEAD_CODE = "common::dead_code_elimination"

@@ -25,6 +25,7 @@ import numpy as np
 from rewrite import backends
 from rewrite.api import RuleSet
 from rewrite.engine.interfaces import NamedValue
+from rewrite.examples import example_ops
 from rewrite.language import ast
 
 LITERAL_DIMS = (1, 1, 2, 3, 4)
@@ -127,6 +128,49 @@ class _Generator:
                 for _ in range(rank)]
 
     def instance(self) -> Instance | None:
+        # Patterns that reach far through conditions (`unscaled(%v) is ...`)
+        # are more than the operand generator can build, so half the
+        # instances are the rule's own examples, mutated.
+        if self.rule.examples and self.rng.random() < 0.5:
+            return self._mutated_example()
+        return self._generated()
+
+    def _mutated_example(self) -> Instance:
+        rng = self.rng
+        example = rng.choice(self.rule.examples)
+        # The example's own symbol names, renamed to the ones BINDINGS sizes.
+        names = sorted({d for s in example.inputs for d in s.dims if isinstance(d, str)})
+        self._renamed = {name: SYMBOLS[i % len(SYMBOLS)] for i, name in enumerate(names)}
+        graph = Instance(
+            [(s.var.lstrip("%"), s.dtype, [self._mutated_dim(d) for d in s.dims]) for s in example.inputs],
+            [(name, op_type, {k: self._mutated_operand(v) for k, v in operands.items()})
+             for name, op_type, operands in example_ops(example.statements)],
+            [var.lstrip("%") for var in example.outputs],
+        )
+        if graph.ops and rng.random() < 0.2:  # an intermediate that is also an output
+            name = rng.choice(graph.ops)[0]
+            if name not in graph.outputs:
+                graph.outputs.append(name)
+        if rng.random() < 0.2:
+            graph.nested = True
+            graph.inputs.append(FLAG_INPUTS[self.dialect])
+        return graph
+
+    def _mutated_dim(self, dim):
+        if self.rng.random() >= 0.2:
+            return self._renamed.get(dim, dim) if isinstance(dim, str) else dim
+        return self.rng.choice((*LITERAL_DIMS, *SYMBOLS))
+
+    def _mutated_operand(self, value):
+        rng = self.rng
+        if isinstance(value, list):
+            return [self._mutated_operand(v) for v in value]
+        if isinstance(value, float) and rng.random() < 0.3:
+            # Just inside fp32 rounding, far outside any tolerance, a sign, or a special value.
+            return rng.choice((value * (1 + 1e-7), value * 1.01, -value, 0.0, float("inf"), float("nan")))
+        return value
+
+    def _generated(self) -> Instance | None:
         rng = self.rng
         graph = Instance()
         # Every dtype the ops might take: graphs an op refuses are not instances.

@@ -23,7 +23,7 @@ import numpy as np
 import sympy
 
 from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature, TypeChangedError
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
 
 
 def _import_coremltools():
@@ -277,6 +277,61 @@ class MilAdapter:
     def value_name(self, value: Var) -> str:
         return value.name
 
+    def fill_value(self, value: Var) -> float | None:
+        """The value of a `fill`/`fill_like` with a constant scalar `value`."""
+        op = value.op
+        if op is None or op.op_type not in ("fill", "fill_like"):
+            return None
+        filled = op.inputs.get("value")
+        if filled is None or filled.val is None or np.asarray(filled.val).size != 1:
+            return None
+        return np.asarray(filled.val).reshape(-1)[0].item()
+
+    def _uniform_scalar(self, factor: Var, scaled: Var) -> float | None:
+        """The one float `factor` holds everywhere, if broadcasting it against
+        `scaled` cannot widen `scaled`: it has one element and no more axes,
+        or its shape is `scaled`'s (a full-size constant or a fill like it)."""
+        if factor.val is not None:
+            constant = np.asarray(factor.val)
+            if constant.dtype.kind != "f" or constant.size == 0:
+                return None
+            flat = constant.reshape(-1)
+            if not (flat == flat[0]).all():
+                return None
+            narrow = constant.size == 1 and constant.ndim <= len(scaled.shape)
+            if not narrow and not _provably_same_shape(self.shape(factor), self.shape(scaled)):
+                return None
+            return float(flat[0])
+        filled = self.fill_value(factor)
+        if filled is None or not _provably_same_shape(self.shape(factor), self.shape(scaled)):
+            return None
+        return float(filled)
+
+    def scaling(self, op: Operation) -> tuple[Var, float] | None:
+        """(x, k) when `op` computes k * x: a `mul` or `real_div` by a one-element
+        float constant that does not widen x (its rank is at most x's)."""
+        if op.op_type not in ("mul", "real_div", "sub"):
+            return None
+        x, y = op.inputs["x"], op.inputs["y"]
+        if op.op_type == "sub":
+            # 0 - y is y scaled by -1, when the 0 does not widen y.
+            if y.val is None and self._uniform_scalar(x, y) == 0.0:
+                return y, -1.0
+            return None
+        candidates = [(x, y)] if op.op_type == "real_div" else [(x, y), (y, x)]
+        for scaled, factor in candidates:
+            if scaled.val is not None or self.dtype(scaled) != self.dtype(op.outputs[0]):
+                continue
+            k = self._uniform_scalar(factor, scaled)
+            if k is None:
+                continue
+            if op.op_type == "real_div":
+                if k == 0.0 or not np.isfinite(k):
+                    continue
+                k = 1.0 / k
+            return scaled, k
+        return None
+
     # ---- mutation
 
     def build(self, op_type: str, operands: dict[str, Any], before: Operation, name: str) -> Var:
@@ -377,6 +432,12 @@ class MilAdapter:
             for function in self.program.functions.values():
                 function._propagate_nonreplaceable_vars()
         self._changed = False
+
+
+def _provably_same_shape(left, right) -> bool:
+    if left is None or right is None or len(left) != len(right):
+        return False
+    return all(equal(a, b) is Truth.YES for a, b in zip(left, right))
 
 
 def _same_known_dims(left, right) -> bool:

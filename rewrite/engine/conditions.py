@@ -40,6 +40,27 @@ class Failure:
     sides: tuple[Any, Any] | None = None
 
 
+_BINDS: dict[int, tuple[Any, bool]] = {}
+
+
+def _binds(expr) -> bool:
+    """Whether `expr` has a pattern or an `is %v` that can bind (cached per node)."""
+    cached = _BINDS.get(id(expr))
+    if cached is not None and cached[0] is expr:
+        return cached[1]
+    found = _has_binding(expr)
+    _BINDS[id(expr)] = (expr, found)
+    return found
+
+
+def _has_binding(expr) -> bool:
+    if isinstance(expr, (ast.Matches, ast.SameValue)):
+        return not expr.negated
+    if isinstance(expr, (ast.And, ast.Or)):
+        return _has_binding(expr.left) or _has_binding(expr.right)
+    return False
+
+
 def conjuncts(expr) -> list:
     """`a and b and c` as [a, b, c]."""
     if isinstance(expr, ast.And):
@@ -83,6 +104,25 @@ class Evaluator:
                 truth, final = self._all(flattened, env, position)
                 combined = result & truth
                 return combined, (final if combined is Truth.YES else None)
+            if type(head) is ast.Or and _binds(head):
+                # (a or b) and rest is (a and rest) or (b and rest): each side
+                # binds for the rest in turn.
+                best = Truth.NO
+                rest = items[position + 1 :]
+                for side in (head.left, head.right):
+                    truth, final = self._all([side, *rest], env)
+                    if truth is Truth.YES:
+                        return result, (final if result is Truth.YES else None)
+                    best = best | truth
+                return result & best, None
+            if type(head) is ast.SameValue and not head.negated and head.var not in env:
+                # `expr is %new` names what expr is, for what follows.
+                subject = self.value(head.left, env)
+                if subject is None or subject is UNKNOWN or subject is ABSENT or isinstance(subject, (list, tuple)):
+                    self._fail(head, Truth.UNKNOWN, env)
+                    return Truth.UNKNOWN, None
+                env = {**env, head.var: subject}
+                continue
             if type(head) is ast.Matches and not head.negated:
                 # Existential over the ways the pattern matches: the first way
                 # that makes the rest hold wins.
@@ -139,6 +179,8 @@ class Evaluator:
         return ~self.truth(expr.operand, env)
 
     def _same_value(self, expr: ast.SameValue, env: Environment) -> Truth:
+        if expr.var not in env:  # binding is for conjunctions; under `not` it decides nothing
+            return Truth.UNKNOWN
         same = Truth.of(self.value(expr.left, env) == env[expr.var])
         return ~same if expr.negated else same
 
@@ -253,6 +295,45 @@ class Evaluator:
     def _list(self, expr: ast.ListExpr, env: Environment):
         return [self.value(item, env) for item in expr.items]
 
+    def _conditional(self, expr: ast.Conditional, env: Environment):
+        if self.truth(expr.condition, env) is Truth.YES:
+            return self.value(expr.then, env)
+        return self.value(expr.otherwise, env)
+
+    def _comprehension(self, expr: ast.Comprehension, env: Environment):
+        domain = self.value(expr.domain, env)
+        if isinstance(domain, tuple):
+            domain = list(domain)
+        if not isinstance(domain, list):
+            return UNKNOWN
+        items = []
+        inner = dict(env)
+        failure = self.failure  # an element left out is no failure to report
+        for element in domain:
+            inner[expr.variable] = element
+            if expr.keep is None or self.truth(expr.keep, inner) is Truth.YES:
+                items.append(self.value(expr.item, inner))
+        self.failure = failure
+        return items
+
+    def _internal(self, value, env: Environment) -> Truth:
+        """Every use of `value` is by an op the rule bound (the anchor, a matched producer)."""
+        if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
+            return Truth.UNKNOWN
+        if self.adapter.is_block_output(value):
+            return Truth.NO
+        matched = set()
+        for bound in env.values():
+            if bound is None or bound is ABSENT or isinstance(bound, (list, tuple, str, int, float)):
+                continue
+            try:
+                op = self.adapter.producer(bound)
+            except (KeyError, TypeError, AttributeError):
+                continue
+            if op is not None:
+                matched.add(op)
+        return Truth.of(all(consumer in matched for consumer in self.adapter.consumers(value)))
+
     def _index_expr(self, expr: ast.Index, env: Environment):
         return self._index(self.value(expr.base, env), self.value(expr.index, env))
 
@@ -287,6 +368,8 @@ class Evaluator:
     def _call(self, expr: ast.Call, env: Environment):
         arguments = [self.value(a, env) for a in expr.arguments]
         keywords = {name: self.value(a, env) for name, a in expr.keywords}
+        if expr.function == "internal":  # needs the bindings, not just the adapter
+            return self._internal(arguments[0], env)
         builtin = _BUILTINS.get(expr.function)
         if builtin is not None:
             if expr.function != "absent" and _missing_value(expr.function, arguments, keywords):
@@ -319,6 +402,8 @@ Evaluator._value_of = {
     ast.Index: Evaluator._index_expr,
     ast.Call: Evaluator._call,
     ast.ListExpr: Evaluator._list,
+    ast.Conditional: Evaluator._conditional,
+    ast.Comprehension: Evaluator._comprehension,
     ast.Arithmetic: Evaluator._arithmetic_expr,
 }
 
@@ -612,13 +697,124 @@ def _abs(adapter, x):
     return abs(x) if is_literal(x) else UNKNOWN
 
 
+def _sqrt(adapter, x):
+    return math.sqrt(x) if is_literal(x) and x >= 0 else UNKNOWN
+
+
 def _mod(adapter, x, y):
     if not (is_literal(x) and is_literal(y)) or y == 0:
         return UNKNOWN
     return x % y
 
 
+def _flat_numbers(items) -> list | None:
+    """The elements of a number or (nested) list, as Python numbers; None if any is not one."""
+    flat = np.asarray(items, dtype=object).reshape(-1).tolist() if isinstance(items, list) else [items]
+    if not all(is_literal(v) or isinstance(v, bool) for v in flat):
+        return None
+    return [float(v) for v in flat]
+
+
+def _all_of(items, test) -> Truth:
+    flat = _flat_numbers(items)
+    if flat is None or not flat:
+        return Truth.UNKNOWN
+    return Truth.of(all(test(v) for v in flat))
+
+
+def _is_nan(adapter, items):
+    return _all_of(items, math.isnan)
+
+
+def _is_inf(adapter, items):
+    return _all_of(items, math.isinf)
+
+
+def _is_finite(adapter, items):
+    return _all_of(items, math.isfinite)
+
+
+_FLOAT_TYPES = {"fp16": np.float16, "fp32": np.float32, "fp64": np.float64}
+
+
+def _close(adapter, x, y, abs=0.0, rel=0.0, ulps=0, dtype=None):  # noqa: A002 - the rule's own names
+    """|x - y| within the largest of the tolerances given (exactly equal when none is)."""
+    if not (is_literal(x) and is_literal(y)):
+        return Truth.UNKNOWN
+    tolerances = (abs, rel, ulps)
+    if not all(is_literal(t) and t >= 0 for t in tolerances):
+        return Truth.UNKNOWN
+    if math.isnan(x) or math.isnan(y):
+        return Truth.NO
+    if math.isinf(x) or math.isinf(y):
+        return Truth.of(x == y)
+    allowed = max(abs, rel * math.fabs(y))
+    if ulps:
+        kind = _FLOAT_TYPES.get(dtype) if isinstance(dtype, str) else None
+        if kind is None:
+            return Truth.UNKNOWN  # an ulp of no known float dtype
+        allowed = max(allowed, ulps * float(np.spacing(kind(math.fabs(y)))))
+    return Truth.of(math.fabs(x - y) <= allowed)
+
+
+def _as_dtype(adapter, items, dtype):
+    kind = _NUMPY_TYPES.get(dtype) if isinstance(dtype, str) else None
+    flat = _flat_numbers(items)
+    if kind is None or flat is None:
+        return UNKNOWN
+    return np.asarray(items, dtype=np.float64).astype(kind)
+
+
+def _uniform(adapter, value):
+    """The one number every element of `value` holds, read from a constant or a fill."""
+    constant = _constant(adapter, value)
+    if constant is not None:
+        flat = np.asarray(constant).reshape(-1)
+        if flat.size == 0 or flat.dtype.kind not in "biuf" or not (flat == flat[0]).all():
+            return UNKNOWN
+        return flat[0].item() if flat.dtype.kind != "b" else int(flat[0])
+    fill_value = getattr(adapter, "fill_value", None)
+    found = fill_value(value) if fill_value is not None else None
+    return UNKNOWN if found is None else found
+
+
+def _scaling_chain(adapter, value):
+    """Walk down constant scalings from `value`: (the value scaled, the product of factors).
+
+    Each step below the top must have no other use, so the chain can fold away.
+    """
+    scaling = getattr(adapter, "scaling", None)
+    factor = 1.0
+    current = value
+    while scaling is not None:
+        op = adapter.producer(current)
+        step = scaling(op) if op is not None else None
+        if step is None:
+            break
+        if current is not value and (len(adapter.consumers(current)) != 1 or adapter.is_block_output(current)):
+            break
+        current, by = step
+        factor *= by
+    return current, factor
+
+
+def _unscaled(adapter, value):
+    return _scaling_chain(adapter, value)[0]
+
+
+def _scale_of(adapter, value):
+    return _scaling_chain(adapter, value)[1]
+
+
 _BUILTINS: dict[str, Callable] = {
+    "is_nan": _is_nan,
+    "is_inf": _is_inf,
+    "is_finite": _is_finite,
+    "close": _close,
+    "as_dtype": _as_dtype,
+    "uniform": _uniform,
+    "unscaled": _unscaled,
+    "scale_of": _scale_of,
     "rank": _rank,
     "dim": _dim,
     "shape": _shape_list,
@@ -646,5 +842,6 @@ _BUILTINS: dict[str, Callable] = {
     "len": _len,
     "range": _range,
     "abs": _abs,
+    "sqrt": _sqrt,
     "mod": _mod,
 }

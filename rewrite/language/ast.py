@@ -114,6 +114,27 @@ class ListExpr:
 
 
 @dataclass(frozen=True)
+class Conditional:
+    """`then if condition else otherwise`: `then` only when the condition is proved."""
+
+    condition: Expr
+    then: Expr
+    otherwise: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Comprehension:
+    """`[item for variable in domain if keep]`; an element stays only when `keep` is proved."""
+
+    item: Expr
+    variable: str
+    domain: Expr
+    keep: Expr | None
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Index:
     """`base[index]`: an element of a list, or of a value's constant."""
 
@@ -222,7 +243,7 @@ class EveryUse:
 
 Expr = (
     Literal | ValueRef | NameRef | ListExpr | Index | Arithmetic | Compare | And | Or | Not
-    | SameValue | Matches | Call | Quantifier | EveryUse
+    | SameValue | Matches | Call | Quantifier | EveryUse | Conditional | Comprehension
 )
 
 

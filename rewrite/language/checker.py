@@ -185,6 +185,27 @@ class Checker:
             self.check_expr(item, scope)
         return Type.LIST, scope
 
+    def _expr_Conditional(self, expr: ast.Conditional, scope):
+        self._condition(expr.condition, scope, "'if'")
+        then, _ = self.check_expr(expr.then, scope)
+        otherwise, _ = self.check_expr(expr.otherwise, scope)
+        if then is otherwise or otherwise is Type.ANY:
+            return then, scope
+        if then is Type.ANY:
+            return otherwise, scope
+        self.error(expr.span, f"the branches of 'if ... else' differ: {then} and {otherwise}")
+        return Type.ANY, scope
+
+    def _expr_Comprehension(self, expr: ast.Comprehension, scope):
+        domain, _ = self.check_expr(expr.domain, scope)
+        if domain not in (Type.LIST, Type.VALUE, Type.ANY):
+            self.error(expr.domain.span, f"the domain of 'for' must be list, not {domain}")
+        inner = scope.with_name(expr.variable)
+        if expr.keep is not None:
+            self._condition(expr.keep, inner, "'for ... if'")
+        self.check_expr(expr.item, inner)
+        return Type.LIST, scope
+
     def _expr_Index(self, expr: ast.Index, scope):
         base, _ = self.check_expr(expr.base, scope)
         self._expect(expr.index, scope, Type.NUMBER, "an index")
@@ -223,9 +244,10 @@ class Checker:
         return Type.BOOL, scope
 
     def _expr_Or(self, expr: ast.Or, scope):
-        self._condition(expr.left, scope, "'or'")
-        self._condition(expr.right, scope, "'or'")
-        return Type.BOOL, scope
+        # What both sides bind is bound after the `or`, whichever side held.
+        _, left = self._condition(expr.left, scope, "'or'")
+        _, right = self._condition(expr.right, scope, "'or'")
+        return Type.BOOL, scope.with_values(*(left.values & right.values))
 
     def _expr_Not(self, expr: ast.Not, scope):
         self._condition(expr.operand, scope, "'not'")
@@ -240,7 +262,11 @@ class Checker:
     def _expr_SameValue(self, expr: ast.SameValue, scope):
         self._expect(expr.left, scope, Type.VALUE, "the left of 'is'")
         if expr.var not in scope.values:
-            self.error(expr.span, f"'{expr.var}' is not bound here")
+            if expr.negated:
+                self.error(expr.span, f"'{expr.var}' is not bound here")
+            else:
+                # `expr is %new` names the value for what follows, as a pattern would.
+                return Type.BOOL, scope.with_values(expr.var)
         return Type.BOOL, scope
 
     def _expr_Matches(self, expr: ast.Matches, scope):
@@ -280,8 +306,8 @@ class Checker:
                 self.error(argument.span, f"'{expr.function}' has no keyword argument '{name}'")
                 continue
             self._expect(argument, scope, keywords[name].type, f"argument '{name}' of '{expr.function}'")
-        for name in keywords:
-            if name not in given:
+        for name, parameter in keywords.items():
+            if name not in given and not parameter.optional:
                 self.error(expr.span, f"'{expr.function}' needs the keyword argument '{name}='")
         return signature.result, scope
 

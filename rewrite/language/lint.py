@@ -164,7 +164,24 @@ def _matched_types(rule: ast.Rule) -> dict[str, frozenset[str]]:
     for clause in rule.matches:
         types[clause.var] = clause.pattern.types
         visit(clause.pattern)
+    # Ops matched in conditions (`%v is op(...)`) are part of the match too.
+    for condition in rule.conditions:
+        for expr in _walk(condition.expr):
+            if isinstance(expr, ast.Matches) and not expr.negated:
+                types[f"is@{expr.span.line}:{expr.span.column}"] = expr.pattern.types
+                visit(expr.pattern)
     return types
+
+
+def _walk(expr):
+    """`expr` and every expression node inside it."""
+    if isinstance(expr, tuple):
+        for item in expr:
+            yield from _walk(item)
+    elif hasattr(expr, "__dataclass_fields__") and not isinstance(expr, (ast.Span, ast.OpPattern)):
+        yield expr
+        for field in expr.__dataclass_fields__:
+            yield from _walk(getattr(expr, field))
 
 
 def _fold(expr):

@@ -421,6 +421,14 @@ class _ToAst(Transformer):
         name, value = children
         return (str(name), value)
 
+    def choose(self, meta, children):
+        then, condition, otherwise = children
+        return ast.Conditional(condition, then, otherwise, self._span(meta))
+
+    def comprehension(self, meta, children):
+        item, variable, domain, keep = children
+        return ast.Comprehension(item, str(variable), domain, keep, self._span(meta))
+
     def list(self, meta, children):
         return ast.ListExpr(tuple(c for c in children if c is not None), self._span(meta))
 

@@ -31,6 +31,7 @@ class Parameter:
     name: str
     type: Type
     keyword_only: bool = False
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,16 @@ class Signature:
 
 
 def _signature(name: str, parameters: str, result: Type, doc: str) -> Signature:
-    """`parameters` reads like "value, axis:number, *of:value"."""
+    """`parameters` reads like "value, axis:number, *of:value, *?rel:number"
+    (`*` keyword-only, `?` optional)."""
     parsed = []
     for part in filter(None, (p.strip() for p in parameters.split(","))):
         keyword_only = part.startswith("*")
         part = part.lstrip("*")
+        optional = part.startswith("?")
+        part = part.lstrip("?")
         pname, _, ptype = part.partition(":")
-        parsed.append(Parameter(pname, Type(ptype or pname), keyword_only))
+        parsed.append(Parameter(pname, Type(ptype or pname), keyword_only, optional))
     return Signature(name, tuple(parsed), result, doc)
 
 
@@ -110,7 +114,31 @@ BUILTINS: dict[str, Signature] = {
         _signature("lowest", "dtype:string", Type.NUMBER,
                    "The lowest value of a dtype: -inf for floats, the minimum for ints."),
         _signature("max_of", "items:any", Type.NUMBER, "The largest element of a (nested) list or number."),
+        _signature("is_nan", "items:any", Type.BOOL, "The number, or every element of the list, is NaN."),
+        _signature("is_inf", "items:any", Type.BOOL,
+                   "The number, or every element of the list, is +inf or -inf."),
+        _signature("is_finite", "items:any", Type.BOOL,
+                   "The number, or every element of the list, is neither NaN nor infinite."),
+        _signature("close", "x:number, y:number, *?abs:number, *?rel:number, *?ulps:number, *?dtype:string",
+                   Type.BOOL,
+                   "|x - y| is within the largest tolerance given: `abs`, `rel` (times |y|), or "
+                   "`ulps` units in the last place of y in `dtype`. NaN is close to nothing."),
+        _signature("as_dtype", "items:any, dtype:string", Type.ANY,
+                   "A number or list as a typed constant of that dtype, for building ops "
+                   "whose operands must match another value's dtype."),
+        _signature("uniform", "value", Type.NUMBER,
+                   "The one number every element of the value holds: a constant whose elements "
+                   "are all equal, or a fill (MIL `fill`, ONNX `ConstantOfShape`); unknown otherwise."),
+        _signature("unscaled", "value", Type.VALUE,
+                   "The value below a chain of constant scalings (`mul`/`real_div` by a constant "
+                   "scalar) ending at this value; each step below the top has no other use."),
+        _signature("scale_of", "value", Type.NUMBER,
+                   "The product of the factors of that chain: value == scale_of(value) * unscaled(value)."),
+        _signature("internal", "value", Type.BOOL,
+                   "Every use of the value is by an op the rule has bound to a name (the anchor or a "
+                   "matched producer), and it is no block output: the rewrite leaves it dead."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),
+        _signature("sqrt", "x:number", Type.NUMBER, "The square root of a non-negative number."),
         _signature("mod", "x:number, y:number", Type.NUMBER, "x modulo y."),
     ]
 }

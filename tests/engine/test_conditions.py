@@ -73,6 +73,35 @@ CASES = [
     ("forall i in axes(%x): dim(%x, i) == 9", NO),  # one literal no decides it
     ("every use %u of %t: %u is add(_, _) or %u is exp(x=_)", YES),
     ("every use %u of %t: %u is add(%t, %other) in any order and rank(%other) == 2", NO),
+    # conditional expressions and comprehensions: only a proved condition counts
+    ("(1 if dim(%x, 1) == 8 else 2) == 1", YES),
+    ("(1 if dim(%x, 0) == 4 else 2) == 2", YES),  # unknown picks the else branch
+    ("[i * 2 for i in range(3)] == [0, 2, 4]", YES),
+    ("[i for i in axes(%x) if is_known(dim(%x, i))] == [1]", YES),
+    ("[i for i in axes(%x) if dim(%x, i) == 4] == []", YES),  # an unknown filter leaves the element out
+    ("[%reps[i] for i in axes(%t)] == const(%reps)", YES),
+    # tolerances, NaN and Inf
+    ("close(1.00001, 1.0, rel=1e-4) and not close(1.01, 1.0, rel=1e-4)", YES),
+    ("close(1.0001, 1.0, ulps=8, dtype=fp16) and not close(1.0001, 1.0, ulps=8, dtype=fp32)", YES),
+    ("close(1.0, 1.0)", YES),
+    ("close(1.0, 1.0000001)", NO),  # no tolerance given: exact
+    ("close(nan, nan, rel=1.0) or close(inf, 1.0, abs=1e30)", NO),
+    ("close(inf, inf)", YES),
+    ("close(dim(%x, 0), 4, abs=1)", MAYBE),
+    ("close(1.0, 1.0, ulps=1, dtype=int32)", MAYBE),  # an int dtype has no ulp
+    ("is_nan(nan) and is_inf(-inf) and is_finite([1.0, 2.0]) and not is_finite([1.0, inf])", YES),
+    ("is_finite(dim(%x, 0))", MAYBE),
+    # uniform values, scaling chains, uses within the match
+    ("uniform(%s) == 1", MAYBE),  # an input is no constant
+    ("uniform(%reps) == 4", MAYBE),  # [4, 8] is not uniform
+    ("unscaled(%t) is %t and scale_of(%t) == 1", YES),
+    ("internal(%reps)", YES),  # used by the matched tile only
+    ("internal(%t)", NO),  # the exp is no op the rule matched
+    # `or` binds what both sides bind; `is %new` names a value
+    ("(%t is tile(x=%z, reps=_) or %t is add(x=%z, y=_)) and %z is %s", YES),
+    ("(%t is add(x=%z, y=_) or %t is tile(x=%z, reps=_)) and %z is %s", YES),
+    ("(%t is add(x=%z, y=_) or %t is exp(x=%z)) and %z is %s", NO),
+    ("%t is %u and %u is %t and rank(%u) == 2", YES),
     # three-valued connectives
     ("dim(%x, 0) == 4 or true", YES),
     ("dim(%x, 0) == 4 and false", NO),

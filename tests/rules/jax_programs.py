@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -26,6 +27,17 @@ from jax._src.lib.mlir import ir  # noqa: E402
 from rewrite.backends.mil import Program, ct  # noqa: E402
 
 STATIC_BATCH = 4
+
+# A symbolic conversion is long: every broadcast against a symbolic dim becomes
+# shape -> slice_by_index -> cast -> reshape -> concat -> fill (the symbolic
+# gelu_erf is 970 ops, against 111 static). `copy.deepcopy` of a Program --
+# `converted()` here, `rewrite.backends.mil.copy_program` and the reference
+# evaluator, which copies its input -- recurses along the use-def chain and
+# needs more than Python's default 1000 frames for that. Raised process-wide
+# (never lowered), as JAX_PLATFORMS above is set process-wide.
+RECURSION_LIMIT = 10_000
+if sys.getrecursionlimit() < RECURSION_LIMIT:
+    sys.setrecursionlimit(RECURSION_LIMIT)
 
 
 # ------------------------------------------------------------------ functions
@@ -57,7 +69,46 @@ def where_row_mean(s):
     return jnp.where(s > 0, s, jnp.mean(s, -1, keepdims=True))
 
 
-# name -> (function, [(shape, dtype) per argument]); "b" is the symbolic batch.
+# A closed-over numpy array: JAX embeds it in the module, so it is a `const` in MIL.
+RMSNORM_WEIGHT = np.random.default_rng(1234).normal(size=(8,)).astype(np.float32)
+
+
+def rmsnorm_weight(x):
+    return rmsnorm(x) * RMSNORM_WEIGHT
+
+
+def logit_softcap(x):
+    return jnp.tanh(x / 30.0) * 30.0
+
+
+def gelu_tanh(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
+def gelu_erf(x):
+    return jax.nn.gelu(x, approximate=False)
+
+
+def kv_cache_where(mask, value, cache):
+    """Write `value` into the cache rows that `mask` selects (a KV-cache update
+    spelled as a select: the mask and the value broadcast against the cache)."""
+    return jnp.where(mask, value, cache)
+
+
+def causal_attention(q, k, v):
+    """Single-head attention with a causal mask over the (static) sequence axis."""
+    sequence, head_dim = q.shape[-2], q.shape[-1]
+    scores = q @ jnp.swapaxes(k, -1, -2) / np.float32(np.sqrt(head_dim))
+    causal = jnp.tril(jnp.ones((sequence, sequence), dtype=bool))
+    scores = jnp.where(causal, scores, -1e9)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+# name -> (function, [(shape, dtype) per argument]). Every dim given as a string
+# is symbolic, named by that string ("b" a batch, "L" a cache length, ...); all
+# of an entry's named dims take one size at run time (STATIC_BATCH in a static
+# conversion, the `batch` of `concrete_arguments`). Names are per entry: one
+# name is one dimension across the entry's arguments.
 FUNCTIONS = {
     "mean_mul": (mean_mul, [(("b", 8), np.float32)]),
     "rmsnorm": (rmsnorm, [(("b", 8), np.float32)]),
@@ -68,7 +119,33 @@ FUNCTIONS = {
     # mask and s both (b, 8): only static shapes make a tile (of the scalar -1e9).
     "where_full_mask": (masked_fill, [(("b", 8), np.bool_), (("b", 8), np.float32)]),
     "where_row_mean": (where_row_mean, [(("b", 8), np.float32)]),
+    "rmsnorm_weight": (rmsnorm_weight, [(("b", 8), np.float32)]),
+    "logit_softcap": (logit_softcap, [(("b", 8), np.float32)]),
+    "gelu_tanh": (gelu_tanh, [(("b", 8), np.float32)]),
+    "gelu_erf": (gelu_erf, [(("b", 8), np.float32)]),
+    # A cache of L rows, 2 heads of 8; the mask picks rows, the value is one row.
+    "kv_cache_where": (
+        kv_cache_where,
+        [((1, "L", 1, 1), np.bool_), ((1, 1, 2, 8), np.float32), ((1, "L", 2, 8), np.float32)],
+    ),
+    # Static only (see STATIC_ONLY): (b, 8, 16) with sequence 8 and head dim 16.
+    "causal_attention": (causal_attention, [(("b", 8, 16), np.float32)] * 3),
 }
+
+# Entries stablehlo_coreml cannot convert with symbolic dims, and why. For these
+# only `symbolic=False` exists; `modes(name)` lists what does.
+STATIC_ONLY = {
+    # dot_general with a symbolic batching dim: `int(lhs.shape[d])` raises
+    # "Cannot convert symbols to int". A symbolic sequence (1, "S", 16) fails
+    # too, on jnp.tril's 2-D iota: "DynamicIotaOp with rank=2, iota_dim=0 is
+    # not yet supported (only 1D iota is implemented)".
+    "causal_attention": "stablehlo_coreml: dot_general with a symbolic batch dim; 2-D dynamic iota",
+}
+
+
+def modes(name: str) -> tuple[bool, ...]:
+    """The `symbolic` values FUNCTIONS[name] converts with."""
+    return (False,) if name in STATIC_ONLY else (True, False)
 
 
 # ------------------------------------------------------------------ conversion
@@ -106,6 +183,8 @@ def convert(function, arguments, symbolic: bool) -> Program:
 
 @functools.cache
 def _converted(name: str, symbolic: bool) -> Program:
+    if symbolic and name in STATIC_ONLY:
+        raise ValueError(f"{name} converts only with static shapes: {STATIC_ONLY[name]}")
     function, arguments = FUNCTIONS[name]
     return convert(function, arguments, symbolic)
 
@@ -116,7 +195,8 @@ def converted(name: str, symbolic: bool) -> Program:
 
 
 def concrete_arguments(name: str, batch: int, seed: int = 0) -> list[np.ndarray]:
-    """Random arrays for FUNCTIONS[name] with the batch dim set to `batch`."""
+    """Random arrays for FUNCTIONS[name] with every symbolic (string) dim set to
+    `batch`, whatever its name."""
     rng = np.random.default_rng(seed + batch)
     arrays = []
     for shape, dtype in FUNCTIONS[name][1]:
