@@ -33,7 +33,7 @@ GROUPS = (
     PassGroup(
         "rewrite::cleanup",
         (
-            "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
+            "fill_to_scalar", "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
             "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
             "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
             "remove_noop_slice_update",
@@ -45,7 +45,7 @@ GROUPS = (
     PassGroup(
         "rewrite::fusion",
         (
-            "remove_broadcast_tiles", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
+            "fill_to_scalar", "remove_broadcast_tiles", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
             "remove_maximum_with_lowest", "remove_select_of_masked_exp",
             "replace_decomposed_softmax", "replace_decomposed_softmax_wide_sum",
             "drop_softmax_max_shift", "drop_softmax_constant_shift",

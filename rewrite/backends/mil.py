@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import sympy
 
+from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
 
@@ -167,6 +168,10 @@ class MilAdapter:
         self._has_constexpr = False
         self._changed = False
         self._input_blocks: dict[int, Block] = {}
+        # id(var) -> (var, result); the var is kept so its id is not reused.
+        # Rewrites replace values by equal ones, so what was proven stays true.
+        self._proven_shapes: dict[int, tuple] = {}
+        self._shape_values: dict[int, tuple] = {}
         for function in program.functions.values():
             self._index_inputs(function)
 
@@ -260,7 +265,98 @@ class MilAdapter:
         return bool(value.consuming_blocks)
 
     def shape(self, value: Var):
-        return _shape_of_type(value.sym_type)
+        inferred = _shape_of_type(value.sym_type)
+        op = value.op
+        if op is None or op.op_type not in _SHAPED_BY_OPERAND:
+            return inferred
+        if inferred is not None and all(isinstance(d, int) for d in inferred):
+            return inferred
+        key = id(value)
+        cached = self._proven_shapes.get(key)
+        if cached is None or cached[0] is not value:
+            cached = (value, shape_values.refined(inferred, self._proven_shape(op, inferred)))
+            self._proven_shapes[key] = cached
+        return cached[1]
+
+    # ---- values used as shapes
+    #
+    # coremltools infers a fresh symbol for a dim read from a runtime shape
+    # once a `cast` drops its symbolic value, which converters put in every
+    # shape computation. Following the shape arithmetic (engine.shape_values)
+    # proves those dims: a fill of concat(shape(x)[0:1], [8]) has x's first dim.
+
+    def _proven_shape(self, op: Operation, inferred):
+        rank = None if inferred is None else len(inferred)
+        if op.op_type == "fill_like":
+            return self.shape(op.inputs["ref_tensor"])
+        return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
+
+    def shape_value(self, value: Var) -> list | None:
+        """The elements of a rank-0 or rank-1 int tensor as dims, or None."""
+        key = id(value)
+        cached = self._shape_values.get(key)
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        self._shape_values[key] = (value, None)  # a cycle, if any, stays unknown
+        result = self._compute_shape_value(value)
+        self._shape_values[key] = (value, result)
+        return result
+
+    def _compute_shape_value(self, value: Var) -> list | None:
+        if value.dtype not in _SHAPE_DTYPES or value.rank > 1:
+            return None
+        if value.val is not None:
+            return [int(v) for v in np.asarray(value.val).reshape(-1)]
+        op = value.op
+        if op is None:
+            return None
+        kind = op.op_type
+        inputs = op.inputs
+        if kind == "shape":
+            return shape_values.shape_of(self.shape(inputs["x"]))
+        if kind in ("cast", "identity", "reshape", "expand_dims", "squeeze"):
+            # A rank-0/1 int tensor keeps its elements in order through these.
+            if kind == "cast" and inputs["dtype"].val not in _SHAPE_DTYPE_NAMES:
+                return None
+            return self.shape_value(inputs["x"])
+        if kind == "concat":
+            if inputs["axis"].val not in (0, -1):
+                return None
+            return shape_values.concatenated([self.shape_value(v) for v in inputs["values"]])
+        if kind == "gather":
+            indices = inputs["indices"].val
+            if indices is None or inputs["axis"].val not in (0, -1):
+                return None
+            return shape_values.gathered(self.shape_value(inputs["x"]), np.asarray(indices).reshape(-1).tolist())
+        if kind == "slice_by_index":
+            return self._sliced(op)
+        if kind in _SHAPE_ARITHMETIC:
+            return shape_values.elementwise(
+                _SHAPE_ARITHMETIC[kind], self.shape_value(inputs["x"]), self.shape_value(inputs["y"])
+            )
+        return None
+
+    def _sliced(self, op: Operation) -> list | None:
+        inputs = op.inputs
+        source = self.shape_value(inputs["x"])
+        if source is None or inputs["x"].rank != 1:
+            return None
+
+        unknown = object()
+
+        def first(name, default):
+            var = inputs.get(name)
+            if var is None:
+                return default
+            return unknown if var.val is None else np.asarray(var.val).reshape(-1)[0].item()
+
+        begin, end, stride = first("begin", 0), first("end", None), first("stride", 1)
+        begin_mask, end_mask = first("begin_mask", False), first("end_mask", False)
+        if unknown in (begin, end, stride, begin_mask, end_mask) or not stride:
+            return None
+        begin = None if begin_mask else begin
+        end = None if end_mask else end
+        return shape_values.sliced(source, begin, end, stride)
 
     def dtype(self, value: Var) -> str | None:
         try:
@@ -432,6 +528,13 @@ class MilAdapter:
             for function in self.program.functions.values():
                 function._propagate_nonreplaceable_vars()
         self._changed = False
+
+
+# Ops whose output dims are the elements of an operand (or another value's dims).
+_SHAPED_BY_OPERAND = frozenset({"fill", "fill_like", "reshape"})
+_SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
+_SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
+_SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}
 
 
 def _provably_same_shape(left, right) -> bool:

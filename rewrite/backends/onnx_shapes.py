@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from rewrite.engine import shape_values
 from rewrite.engine import shapes as dims
 from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
 
@@ -354,12 +355,7 @@ def _concat(adapter, node):
 
 
 def _concat_contents(adapter, node):
-    contents = []
-    for value in node.inputs:
-        if value is None or value.contents is None:
-            return None
-        contents.extend(value.contents)
-    return contents
+    return shape_values.concatenated([None if v is None else v.contents for v in node.inputs])
 
 
 def _gather(adapter, node):
@@ -373,13 +369,12 @@ def _gather(adapter, node):
 
 def _gather_contents(adapter, node):
     data, indices = _in(node, 0), _in(node, 1)
-    if data is None or data.contents is None or indices is None or _attr(node, "axis", 0) != 0:
+    if data is None or indices is None or _attr(node, "axis", 0) != 0:
         return None
     constant = adapter.constant(indices)
     if constant is None:
         return None
-    picked = [data.contents[int(i)] for i in np.asarray(constant).reshape(-1)]
-    return picked
+    return shape_values.gathered(data.contents, [int(i) for i in np.asarray(constant).reshape(-1)])
 
 
 def _slice_parameters(adapter, node):
@@ -389,10 +384,6 @@ def _slice_parameters(adapter, node):
     axes = _ints(adapter, node, 3) if _in(node, 3) is not None else None
     steps = _ints(adapter, node, 4) if _in(node, 4) is not None else None
     return starts, ends, axes, steps
-
-
-def _slice_dims(sequence, start, end, step):
-    return list(sequence[slice(start, end, step)])
 
 
 def _slice(adapter, node):
@@ -418,74 +409,36 @@ def _slice(adapter, node):
 
 def _slice_contents(adapter, node):
     source = _in(node, 0)
-    if source is None or source.contents is None:
+    if source is None:
         return None
     starts, ends, axes, steps = _slice_parameters(adapter, node)
     if starts is None or ends is None or len(starts) != 1 or (axes not in (None, [0], [-1])):
         return None
-    step = (steps or [1])[0]
-    return _slice_dims(source.contents, starts[0], ends[0], step)
+    return shape_values.sliced(source.contents, starts[0], ends[0], (steps or [1])[0])
 
 
-def _elementwise_contents(operation):
+def _elementwise_contents(operation: str):
     def contents(adapter, node):
         left, right = _in(node, 0), _in(node, 1)
-        if left is None or right is None or left.contents is None or right.contents is None:
+        if left is None or right is None:
             return None
-        a, b = left.contents, right.contents
-        if len(a) == 1 and len(b) > 1:
-            a = a * len(b)
-        if len(b) == 1 and len(a) > 1:
-            b = b * len(a)
-        if len(a) != len(b):
-            return None
-        return [operation(x, y) for x, y in zip(a, b)]
+        return shape_values.elementwise(operation, left.contents, right.contents)
 
     return contents
 
 
 def _equal_contents(adapter, node):
     left, right = _in(node, 0), _in(node, 1)
-    if left is None or right is None or left.contents is None or right.contents is None:
+    if left is None or right is None:
         return None
-    a, b = left.contents, right.contents
-    if len(b) == 1:
-        b = b * len(a)
-    if len(a) == 1:
-        a = a * len(b)
-    if len(a) != len(b):
-        return None
-    result = []
-    for x, y in zip(a, b):
-        if is_literal(x) and is_literal(y):
-            result.append(x == y)
-        elif x == y:
-            result.append(True)
-        elif (is_literal(y) and y < 0 and dims.is_plain_dim(x)) or (is_literal(x) and x < 0 and dims.is_plain_dim(y)):
-            result.append(False)  # a size is never negative
-        else:
-            result.append(UNKNOWN)
-    return result
+    return shape_values.equal(left.contents, right.contents)
 
 
 def _where_contents(adapter, node):
-    # Only the chosen side of each element needs to be known.
     condition, left, right = _in(node, 0), _in(node, 1), _in(node, 2)
-    if condition is None or condition.contents is None or left is None or right is None:
+    if condition is None or left is None or right is None:
         return None
-    sides = [v.contents for v in (left, right)]
-    size = max([len(condition.contents)] + [len(side) for side in sides if side is not None])
-
-    def widen(items):
-        if items is None:
-            return [UNKNOWN] * size
-        return items * size if len(items) == 1 else items
-
-    c, a, b = widen(condition.contents), widen(sides[0]), widen(sides[1])
-    if not len(c) == len(a) == len(b) == size:
-        return None
-    result = [x if choose is True else y if choose is False else UNKNOWN for choose, x, y in zip(c, a, b)]
-    return None if all(element is UNKNOWN for element in result) else result
+    return shape_values.chosen(condition.contents, left.contents, right.contents)
 
 
 def _constant_of_shape_contents(adapter, node):
@@ -644,9 +597,9 @@ _CONTENTS = {
     "Cast": _passthrough_contents,
     "Identity": _passthrough_contents,
     "Reshape": _flatten_contents,
-    "Add": _elementwise_contents(dims.add),
-    "Sub": _elementwise_contents(dims.subtract),
-    "Mul": _elementwise_contents(dims.multiply),
+    "Add": _elementwise_contents("+"),
+    "Sub": _elementwise_contents("-"),
+    "Mul": _elementwise_contents("*"),
     "Equal": _equal_contents,
     "Where": _where_contents,
     "ConstantOfShape": _constant_of_shape_contents,
