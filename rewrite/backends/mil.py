@@ -25,6 +25,7 @@ import sympy
 from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
+from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 
 
 def _import_coremltools():
@@ -171,6 +172,7 @@ class MilAdapter:
         # id(var) -> (var, result); the var is kept so its id is not reused.
         # Rewrites replace values by equal ones, so what was proven stays true.
         self._proven_shapes: dict[int, tuple] = {}
+        self._depth = 0
         self._shape_values: dict[int, tuple] = {}
         for function in program.functions.values():
             self._index_inputs(function)
@@ -267,16 +269,23 @@ class MilAdapter:
     def shape(self, value: Var):
         inferred = _shape_of_type(value.sym_type)
         op = value.op
-        if op is None or op.op_type not in _SHAPED_BY_OPERAND:
+        if op is None or op.op_type not in _SHAPE_FOLLOWS:
             return inferred
         if inferred is not None and all(isinstance(d, int) for d in inferred):
             return inferred
         key = id(value)
         cached = self._proven_shapes.get(key)
-        if cached is None or cached[0] is not value:
-            cached = (value, shape_values.refined(inferred, self._proven_shape(op, inferred)))
-            self._proven_shapes[key] = cached
-        return cached[1]
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        if self._depth > _MAX_SHAPE_DEPTH:
+            return inferred  # a long chain: what coremltools inferred is still true
+        self._depth += 1
+        try:
+            proven = shape_values.refined(inferred, self._proven_shape(op, inferred))
+        finally:
+            self._depth -= 1
+        self._proven_shapes[key] = (value, proven)
+        return proven
 
     # ---- values used as shapes
     #
@@ -286,9 +295,21 @@ class MilAdapter:
     # proves those dims: a fill of concat(shape(x)[0:1], [8]) has x's first dim.
 
     def _proven_shape(self, op: Operation, inferred):
-        rank = None if inferred is None else len(inferred)
-        if op.op_type == "fill_like":
+        # Types are not re-inferred after every rewrite (coremltools' own
+        # passes skip it too), so a dim may be a stale fresh symbol; the
+        # operands' shapes say what it is.
+        kind = op.op_type
+        if kind in _UNARY_ELEMENTWISE:
+            return self.shape(op.inputs["x"])
+        if kind in _BINARY_BROADCASTING or kind == "select":
+            operands = [op.inputs[name] for name in ("cond", "a", "b", "x", "y") if name in op.inputs]
+            try:
+                return broadcast_shapes(*(self.shape(v) for v in operands))
+            except IncompatibleShapes:
+                return None
+        if kind == "fill_like":
             return self.shape(op.inputs["ref_tensor"])
+        rank = None if inferred is None else len(inferred)
         return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
 
     def shape_value(self, value: Var) -> list | None:
@@ -530,8 +551,18 @@ class MilAdapter:
         self._changed = False
 
 
-# Ops whose output dims are the elements of an operand (or another value's dims).
-_SHAPED_BY_OPERAND = frozenset({"fill", "fill_like", "reshape"})
+# Ops whose output shape follows from their operands' shapes or values.
+_UNARY_ELEMENTWISE = frozenset(
+    "abs acos asin atan atanh ceil clip cos cosh erf exp exp2 floor inverse log logical_not relu relu6 round "
+    "rsqrt sigmoid sigmoid_hard sign silu sin sinh softplus softsign sqrt square tan tanh threshold gelu "
+    "elu leaky_relu linear_activation scaled_tanh softmax cast identity".split()
+)
+_BINARY_BROADCASTING = frozenset(
+    "add sub mul real_div pow maximum minimum floor_div mod equal not_equal less less_equal greater "
+    "greater_equal logical_and logical_or logical_xor".split()
+)
+_SHAPE_FOLLOWS = _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | {"select", "fill", "fill_like", "reshape"}
+_MAX_SHAPE_DEPTH = 200
 _SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 _SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
 _SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}

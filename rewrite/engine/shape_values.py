@@ -135,6 +135,9 @@ def refined(inferred: Sequence[Dim] | None, proven: Sequence[Dim] | None) -> tup
         return tuple(proven)
     if len(inferred) != len(proven):
         return tuple(inferred)
+    # Both are true at run time when both are known; a plain symbol (an
+    # input's dim, say) proves more equalities than a broadcast expression.
     return tuple(
-        dim if is_literal(dim) or better is UNKNOWN else better for dim, better in zip(inferred, proven)
+        dim if is_literal(dim) or not dims.is_plain_dim(better) or better is UNKNOWN else better
+        for dim, better in zip(inferred, proven)
     )
