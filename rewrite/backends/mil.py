@@ -169,10 +169,10 @@ class MilAdapter:
         self._has_constexpr = False
         self._changed = False
         self._input_blocks: dict[int, Block] = {}
+        self._input_symbols: set[Symbol] = set()
         # id(var) -> (var, result); the var is kept so its id is not reused.
         # Rewrites replace values by equal ones, so what was proven stays true.
         self._proven_shapes: dict[int, tuple] = {}
-        self._depth = 0
         self._shape_values: dict[int, tuple] = {}
         for function in program.functions.values():
             self._index_inputs(function)
@@ -181,6 +181,8 @@ class MilAdapter:
         inputs = block.inputs.values() if isinstance(block, Function) else block.inputs
         for var in inputs:
             self._input_blocks[id(var)] = block
+            shape = _shape_of_type(var.sym_type) or ()
+            self._input_symbols.update(d for d in shape if isinstance(d, Symbol))
         for op in block.operations:
             if op.op_type.startswith("constexpr_"):
                 self._has_constexpr = True
@@ -267,25 +269,55 @@ class MilAdapter:
         return bool(value.consuming_blocks)
 
     def shape(self, value: Var):
+        return _shape_of_type(value.sym_type)
+
+    def proven_shape(self, value: Var):
         inferred = _shape_of_type(value.sym_type)
         op = value.op
         if op is None or op.op_type not in _SHAPE_FOLLOWS:
             return inferred
-        if inferred is not None and all(isinstance(d, int) for d in inferred):
+        if inferred is not None and self._settled(inferred):
             return inferred
-        key = id(value)
-        cached = self._proven_shapes.get(key)
+        cached = self._proven_shapes.get(id(value))
         if cached is not None and cached[0] is value:
             return cached[1]
-        if self._depth > _MAX_SHAPE_DEPTH:
-            return inferred  # a long chain: what coremltools inferred is still true
-        self._depth += 1
-        try:
-            proven = shape_values.refined(inferred, self._proven_shape(op, inferred))
-        finally:
-            self._depth -= 1
-        self._proven_shapes[key] = (value, proven)
-        return proven
+        return self._prove_shapes(value)
+
+    def _settled(self, dims) -> bool:
+        # Literals and the inputs' own symbols are as good as a proof gets;
+        # only a symbol coremltools made up along the way is worth following.
+        return all(isinstance(d, int) or d in self._input_symbols for d in dims)
+
+    def _prove_shapes(self, root: Var):
+        # Producers first, with an explicit stack: a chain of a million
+        # elementwise ops must not recurse a million deep.
+        stack = [root]
+        while stack:
+            value = stack[-1]
+            key = id(value)
+            cached = self._proven_shapes.get(key)
+            if cached is not None and cached[0] is value:
+                stack.pop()
+                continue
+            pending = [v for v in _shape_operands(value.op) if self._needs_proof(v)]
+            if pending:
+                stack.extend(pending)
+                continue
+            inferred = _shape_of_type(value.sym_type)
+            proven = shape_values.refined(inferred, self._proven_shape(value.op, inferred))
+            self._proven_shapes[key] = (value, proven)
+            stack.pop()
+        return self._proven_shapes[id(root)][1]
+
+    def _needs_proof(self, value: Var) -> bool:
+        op = value.op
+        if op is None or op.op_type not in _SHAPE_FOLLOWS:
+            return False
+        inferred = _shape_of_type(value.sym_type)
+        if inferred is not None and self._settled(inferred):
+            return False
+        cached = self._proven_shapes.get(id(value))
+        return cached is None or cached[0] is not value
 
     # ---- values used as shapes
     #
@@ -300,15 +332,15 @@ class MilAdapter:
         # operands' shapes say what it is.
         kind = op.op_type
         if kind in _UNARY_ELEMENTWISE:
-            return self.shape(op.inputs["x"])
+            return self.proven_shape(op.inputs["x"])
         if kind in _BINARY_BROADCASTING or kind == "select":
-            operands = [op.inputs[name] for name in ("cond", "a", "b", "x", "y") if name in op.inputs]
+            operands = _shape_operands(op)
             try:
-                return broadcast_shapes(*(self.shape(v) for v in operands))
+                return broadcast_shapes(*(self.proven_shape(v) for v in operands))
             except IncompatibleShapes:
                 return None
         if kind == "fill_like":
-            return self.shape(op.inputs["ref_tensor"])
+            return self.proven_shape(op.inputs["ref_tensor"])
         rank = None if inferred is None else len(inferred)
         return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
 
@@ -334,7 +366,7 @@ class MilAdapter:
         kind = op.op_type
         inputs = op.inputs
         if kind == "shape":
-            return shape_values.shape_of(self.shape(inputs["x"]))
+            return shape_values.shape_of(self.proven_shape(inputs["x"]))
         if kind in ("cast", "identity", "reshape", "expand_dims", "squeeze"):
             # A rank-0/1 int tensor keeps its elements in order through these.
             if kind == "cast" and inputs["dtype"].val not in _SHAPE_DTYPE_NAMES:
@@ -416,11 +448,11 @@ class MilAdapter:
             if not (flat == flat[0]).all():
                 return None
             narrow = constant.size == 1 and constant.ndim <= len(scaled.shape)
-            if not narrow and not _provably_same_shape(self.shape(factor), self.shape(scaled)):
+            if not narrow and not _provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
                 return None
             return float(flat[0])
         filled = self.fill_value(factor)
-        if filled is None or not _provably_same_shape(self.shape(factor), self.shape(scaled)):
+        if filled is None or not _provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
             return None
         return float(filled)
 
@@ -562,7 +594,19 @@ _BINARY_BROADCASTING = frozenset(
     "greater_equal logical_and logical_or logical_xor".split()
 )
 _SHAPE_FOLLOWS = _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | {"select", "fill", "fill_like", "reshape"}
-_MAX_SHAPE_DEPTH = 200
+
+
+def _shape_operands(op: Operation) -> list:
+    """The operands whose shapes an op's output shape follows from."""
+    kind = op.op_type
+    inputs = op.inputs
+    if kind in _UNARY_ELEMENTWISE:
+        return [inputs["x"]]
+    if kind in _BINARY_BROADCASTING or kind == "select":
+        return [inputs[name] for name in ("cond", "a", "b", "x", "y") if name in inputs]
+    if kind == "fill_like":
+        return [inputs["ref_tensor"]]
+    return []
 _SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 _SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
 _SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}

@@ -476,6 +476,15 @@ def _shape(adapter: Adapter, value):
     return adapter.shape(value)
 
 
+def _proven(adapter: Adapter, value, shape):
+    """`shape`, or where it has a dim that is no literal, what the adapter can
+    prove about it by following shape arithmetic (asked only then: it costs more)."""
+    if shape is not None and all(is_literal(d) for d in shape):
+        return shape
+    prove = getattr(adapter, "proven_shape", None)
+    return shape if prove is None else prove(value)
+
+
 def _axis(axis, rank: int):
     if not is_literal(axis) or axis != int(axis):
         return None
@@ -487,36 +496,53 @@ def _axis(axis, rank: int):
 
 def _rank(adapter, value):
     shape = _shape(adapter, value)
+    if shape is None:
+        shape = _proven(adapter, value, shape)
     return UNKNOWN if shape is None else len(shape)
 
 
 def _dim(adapter, value, axis):
     shape = _shape(adapter, value)
     if shape is None:
-        return UNKNOWN
+        shape = _proven(adapter, value, shape)
+        if shape is None:
+            return UNKNOWN
     index = _axis(axis, len(shape))
-    return UNKNOWN if index is None else shape[index]
+    if index is None:
+        return UNKNOWN
+    if not is_literal(shape[index]):
+        shape = _proven(adapter, value, shape)
+    return shape[index]
 
 
 def _shape_list(adapter, value):
     shape = _shape(adapter, value)
+    shape = _proven(adapter, value, shape)
     return UNKNOWN if shape is None else list(shape)
 
 
 def _axes(adapter, value):
-    shape = _shape(adapter, value)
-    return UNKNOWN if shape is None else list(range(len(shape)))
+    rank = _rank(adapter, value)
+    return UNKNOWN if rank is UNKNOWN else list(range(rank))
 
 
 def _aligned_dim(adapter, value, axis, of):
     shape, reference = _shape(adapter, value), _shape(adapter, of)
+    if reference is None:
+        reference = _proven(adapter, of, reference)
+    if shape is None:
+        shape = _proven(adapter, value, shape)
     if shape is None or reference is None:
         return UNKNOWN
     index = _axis(axis, len(reference))
     if index is None:
         return UNKNOWN
     position = index - len(reference) + len(shape)
-    return 1 if position < 0 else shape[position]
+    if position < 0:
+        return 1
+    if not is_literal(shape[position]):
+        shape = _proven(adapter, value, shape)
+    return shape[position]
 
 
 def _constant(adapter, value):

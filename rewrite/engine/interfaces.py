@@ -131,6 +131,11 @@ class Adapter(Protocol):
     def shape(self, value: Value) -> tuple[Dim, ...] | None:
         """The dims of `value`; None when its rank is unknown."""
 
+    def proven_shape(self, value: Value) -> tuple[Dim, ...] | None:
+        """Optional. `shape(value)` with the dims that shape arithmetic proves
+        put in for symbols the IR made up; asked only for dims `shape` leaves
+        symbolic, since following the arithmetic costs more."""
+
     def dtype(self, value: Value) -> str | None:
         """A dtype name such as "fp32", "int32", "bool"; None if unknown."""
 

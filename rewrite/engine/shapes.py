@@ -27,6 +27,9 @@ class IncompatibleShapes(ValueError):
     """Two literal dims that no broadcasting reconciles, such as 3 and 4."""
 
 
+_MAX_BROADCAST_PARTS = 8
+
+
 def _broadcast_parts(dim: Symbol) -> tuple[str, ...]:
     if dim.name.startswith("broadcast(") and dim.name.endswith(")"):
         return tuple(dim.name[len("broadcast(") : -1].split(","))
@@ -53,9 +56,12 @@ def broadcast_dim(left: Dim, right: Dim) -> Dim:
         return UNKNOWN
     if left == right:
         return left
-    parts = sorted(set(_broadcast_parts(left)) | set(_broadcast_parts(right)))
-    if any("," in part for part in parts):
-        return UNKNOWN  # a name we could not split back apart; do not guess
+    parts = set(_broadcast_parts(left)) | set(_broadcast_parts(right))
+    if len(parts) > _MAX_BROADCAST_PARTS or any("," in part for part in parts):
+        # Too long to be worth naming (a chain of fresh symbols would grow the
+        # name with every op), or a name we could not split back apart.
+        return UNKNOWN
+    parts = sorted(parts)
     return Symbol(f"broadcast({','.join(parts)})")
 
 
