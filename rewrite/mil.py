@@ -55,7 +55,7 @@ GROUPS = (
         after=False,
     ),
     PassGroup(
-        "rewrite::late", ("fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm"),
+        "rewrite::late", ("fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm"),
         "common::fuse_reduce_mean", after=True,
     ),
 )

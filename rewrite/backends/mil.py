@@ -26,6 +26,7 @@ from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
+from rewrite.engine.shapes import multiply as dims_multiply
 
 
 def _import_coremltools():
@@ -341,8 +342,44 @@ class MilAdapter:
                 return None
         if kind == "fill_like":
             return self.proven_shape(op.inputs["ref_tensor"])
+        if kind in _LAYOUT:
+            return self._layout_shape(op)
         rank = None if inferred is None else len(inferred)
         return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
+
+    def _layout_shape(self, op: Operation):
+        """The output dims of a reduction, expand_dims, squeeze, tile or transpose from x's."""
+        inputs = op.inputs
+        source = self.proven_shape(inputs["x"])
+        if source is None:
+            return None
+        kind = op.op_type
+        rank = len(source)
+        if kind == "tile":
+            reps = inputs["reps"].val
+            if reps is None or len(reps) != rank:
+                return None
+            return tuple(dims_multiply(d, int(r)) for d, r in zip(source, reps))
+        if kind == "transpose":
+            perm = inputs["perm"].val
+            return None if perm is None or len(perm) != rank else tuple(source[int(p)] for p in perm)
+        axes_var = inputs.get("axes")
+        axes = None if axes_var is None else axes_var.val
+        if kind == "expand_dims":
+            if axes is None:
+                return None
+            out_rank = rank + len(axes)
+            inserted = {int(a) % out_rank for a in axes}
+            rest = iter(source)
+            return tuple(1 if position in inserted else next(rest) for position in range(out_rank))
+        if axes is None:  # a reduction or squeeze over every axis (squeeze: every size-1 axis)
+            if kind == "squeeze":
+                return None
+            axes = range(rank)
+        positions = {int(a) % rank for a in axes} if rank else set()
+        if kind == "squeeze" or not (inputs.get("keep_dims") is not None and inputs["keep_dims"].val):
+            return tuple(d for position, d in enumerate(source) if position not in positions)
+        return tuple(1 if position in positions else d for position, d in enumerate(source))
 
     def shape_value(self, value: Var) -> list | None:
         """The elements of a rank-0 or rank-1 int tensor as dims, or None."""
@@ -593,7 +630,12 @@ _BINARY_BROADCASTING = frozenset(
     "add sub mul real_div pow maximum minimum floor_div mod equal not_equal less less_equal greater "
     "greater_equal logical_and logical_or logical_xor".split()
 )
-_SHAPE_FOLLOWS = _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | {"select", "fill", "fill_like", "reshape"}
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_mean reduce_max reduce_min reduce_prod reduce_l1_norm reduce_l2_norm reduce_log_sum "
+    "reduce_log_sum_exp reduce_sum_square".split()
+)
+_LAYOUT = _REDUCTIONS | {"expand_dims", "squeeze", "tile", "transpose"}
+_SHAPE_FOLLOWS = _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | {"select", "fill", "fill_like", "reshape"}
 
 
 def _shape_operands(op: Operation) -> list:
@@ -606,6 +648,8 @@ def _shape_operands(op: Operation) -> list:
         return [inputs[name] for name in ("cond", "a", "b", "x", "y") if name in inputs]
     if kind == "fill_like":
         return [inputs["ref_tensor"]]
+    if kind in _LAYOUT:
+        return [inputs["x"]]
     return []
 _SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 _SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
