@@ -463,6 +463,15 @@ class MilAdapter:
     def value_name(self, value: Var) -> str:
         return value.name
 
+    def op_available(self, op_type: str) -> bool | None:
+        versions = SSAOpRegistry.core_ops.get(op_type)
+        if not versions:
+            return None
+        targets = [function.opset_version for function in self.program.functions.values()]
+        if any(target is None for target in targets):
+            return None
+        return all(min(versions) <= target for target in targets)
+
     def fill_value(self, value: Var) -> float | None:
         """The value of a `fill`/`fill_like` with a constant scalar `value`."""
         op = value.op

@@ -723,6 +723,23 @@ def _abs(adapter, x):
     return abs(x) if is_literal(x) else UNKNOWN
 
 
+def _available(adapter, op_type):
+    check = getattr(adapter, "op_available", None)
+    if check is None or not isinstance(op_type, str):
+        return Truth.UNKNOWN
+    found = check(op_type)
+    return Truth.UNKNOWN if found is None else Truth.of(found)
+
+
+def _every_row_any(adapter, items):
+    if not isinstance(items, list):
+        return Truth.UNKNOWN
+    rows = np.asarray(items, dtype=object)
+    if rows.ndim == 0 or rows.size == 0:
+        return Truth.UNKNOWN
+    return Truth.of(bool(rows.astype(bool).any(axis=-1).all()))
+
+
 def _sqrt(adapter, x):
     return math.sqrt(x) if is_literal(x) and x >= 0 else UNKNOWN
 
@@ -869,5 +886,7 @@ _BUILTINS: dict[str, Callable] = {
     "range": _range,
     "abs": _abs,
     "sqrt": _sqrt,
+    "every_row_any": _every_row_any,
+    "available": _available,
     "mod": _mod,
 }

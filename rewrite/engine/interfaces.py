@@ -136,6 +136,10 @@ class Adapter(Protocol):
         put in for symbols the IR made up; asked only for dims `shape` leaves
         symbolic, since following the arithmetic costs more."""
 
+    def op_available(self, op_type: str) -> bool | None:
+        """Optional. Whether new ops of `op_type` may be built in this program
+        (its opset or deployment target has them); None if it cannot tell."""
+
     def dtype(self, value: Value) -> str | None:
         """A dtype name such as "fp32", "int32", "bool"; None if unknown."""
 

@@ -137,6 +137,11 @@ BUILTINS: dict[str, Signature] = {
         _signature("internal", "value", Type.BOOL,
                    "Every use of the value is by an op the rule has bound to a name (the anchor or a "
                    "matched producer), and it is no block output: the rewrite leaves it dead."),
+        _signature("available", "op_type:string", Type.BOOL,
+                   "The program's opset has the op (MIL: the deployment target of every function); "
+                   "for rules that build an op newer than some targets."),
+        _signature("every_row_any", "items:any", Type.BOOL,
+                   "Every row (along the last axis) of a nested list holds a true (non-zero) element."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),
         _signature("sqrt", "x:number", Type.NUMBER, "The square root of a non-negative number."),
         _signature("mod", "x:number, y:number", Type.NUMBER, "x modulo y."),
