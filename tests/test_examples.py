@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import rewrite
-from rewrite.examples import run_examples
+from rewrite import backends
+from rewrite.api import RuleSet
+from rewrite.examples import canonical, example_ops, run_examples
 
 SHIPPED = rewrite.load_rules()
 CASES = [(rule.name, example.description) for rule in SHIPPED.rules for example in rule.examples]
@@ -21,6 +24,67 @@ def test_every_shipped_rule_has_a_firing_and_a_kept_example():
 def test_shipped_example(rule_name, description):
     (result,) = [r for r in run_examples(SHIPPED, rule_name) if r.description == description]
     assert result.passed, result.message
+
+
+FIRING = [(rule, example) for rule in SHIPPED.rules for example in rule.examples if example.expected is not None]
+FIRING_IDS = [f"{rule.name}: {example.description}" for rule, example in FIRING]
+# The predicate input of a nested program, and a true and a false value for it.
+FLAGS = {
+    "mil": (("flag", "fp32", [1]), (np.array([1.0], np.float32), np.array([-1.0], np.float32))),
+    "onnx": (("flag", "bool", []), (np.array(True), np.array(False))),
+}
+
+
+def _built(rule, example, nested: bool):
+    backend = backends.backend_module(rule.dialect)
+    inputs = [(s.var.lstrip("%"), s.dtype, s.dims) for s in example.inputs]
+    if nested:
+        inputs.append(FLAGS[rule.dialect][0])
+    outputs = [var.lstrip("%") for var in example.outputs]
+    program = backend.build_example(inputs, example_ops(example.statements), outputs,
+                                    nested_by="flag" if nested else None)
+    return backend, program
+
+
+def _feeds(example, size: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for statement in example.inputs:
+        shape = tuple(size if isinstance(d, str) else d for d in statement.dims)
+        if statement.dtype == "bool":
+            feeds[statement.var.lstrip("%")] = rng.random(shape) > 0.5
+        elif statement.dtype.startswith(("int", "uint")):
+            feeds[statement.var.lstrip("%")] = rng.integers(0, 5, size=shape).astype(statement.dtype)
+        else:
+            kind = np.float16 if statement.dtype == "fp16" else np.float32
+            feeds[statement.var.lstrip("%")] = rng.standard_normal(shape).astype(kind)
+    return feeds
+
+
+@pytest.mark.parametrize("rule, example", FIRING, ids=FIRING_IDS)
+def test_a_firing_example_fires_the_same_inside_both_branches_of_a_conditional(rule, example):
+    _, flat = _built(rule, example, nested=False)
+    flat_fires = RuleSet((rule,)).apply(flat).fires
+    backend, program = _built(rule, example, nested=True)
+    original = backend.copy_program(program)
+    fires = RuleSet((rule,)).apply(program).fires
+    assert flat_fires >= 1 and fires == 2 * flat_fires
+    for flag in FLAGS[rule.dialect][1]:
+        feeds = {**_feeds(example, 3), "flag": flag}
+        expected, got = backend.evaluate_example(original, feeds), backend.evaluate_example(program, feeds)
+        assert expected.keys() == got.keys()
+        for name, value in expected.items():
+            tolerance = 2e-3 if value.dtype == np.float16 else 1e-5
+            np.testing.assert_allclose(got[name], value, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("rule, example", FIRING, ids=FIRING_IDS)
+def test_a_firing_example_is_a_fixed_point_after_one_run(rule, example):
+    _, program = _built(rule, example, nested=False)
+    assert RuleSet((rule,)).apply(program).fires >= 1
+    printed = canonical(backends.adapter_for(program))
+    assert RuleSet((rule,)).apply(program).fires == 0
+    assert canonical(backends.adapter_for(program)) == printed
 
 
 RULE = """
