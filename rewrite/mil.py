@@ -33,7 +33,8 @@ GROUPS = (
     PassGroup(
         "rewrite::cleanup",
         (
-            "fill_to_scalar", "remove_broadcast_tiles", "remove_matmul_batch_tiles", "fuse_transposes",
+            "fill_to_scalar", "remove_broadcast_tiles", "narrow_broadcast_tile", "remove_identity_tile",
+            "remove_matmul_batch_tiles", "fuse_transposes",
             "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
             "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
             "remove_noop_slice_update", "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
