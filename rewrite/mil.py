@@ -8,8 +8,9 @@
 The rules run in three groups, each registered as one graph pass and placed
 relative to coremltools' default passes, the way a converter places its
 hand-written passes: cleanups before constants are folded, fusions before
-matmul/bias fusion, and a late group after `reduce_mean` is formed (which
-can expose reductions to fuse again).
+matmul/bias fusion, a late group after `reduce_mean` is formed (which can
+expose reductions to fuse again), and a settling group after coremltools
+first merges duplicate ops (which makes equal values identical).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ GROUPS = (
         "rewrite::fusion",
         (
             "fill_to_scalar", "remove_broadcast_tiles", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
-            "remove_maximum_with_lowest", "remove_select_of_masked_exp",
+            "remove_maximum_with_lowest", "remove_select_of_masked_exp", "replace_masked_decomposed_softmax",
+            "fuse_selects_on_one_condition",
             "replace_decomposed_softmax", "replace_decomposed_softmax_wide_sum",
             "drop_softmax_max_shift", "drop_softmax_constant_shift",
             "fuse_logit_softcap", "fold_scaling_into_scaled_tanh", "fuse_gelu_erf", "fuse_gelu_tanh",
@@ -58,8 +60,24 @@ GROUPS = (
         after=False,
     ),
     PassGroup(
-        "rewrite::late", ("fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm"),
+        "rewrite::late",
+        (
+            "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm",
+            # coremltools' reduction passes can expose a keep_dims max shift only now.
+            "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
+        ),
         "common::fuse_reduce_mean", after=True,
+    ),
+    # Once coremltools has merged duplicate ops (two selects by one mask, say),
+    # values that were merely equal are the same value, which rules can see.
+    PassGroup(
+        "rewrite::settle",
+        (
+            "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
+            "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
+            "fuse_selects_on_one_condition",
+        ),
+        "common::remove_redundant_ops", after=True,
     ),
 )
 DEAD_CODE = "common::dead_code_elimination"

@@ -140,14 +140,20 @@ class _Generator:
         example = rng.choice(self.rule.examples)
         # The example's own symbol names, renamed to the ones BINDINGS sizes.
         names = sorted({d for s in example.inputs for d in s.dims if isinstance(d, str)})
-        self._renamed = {name: SYMBOLS[i % len(SYMBOLS)] for i, name in enumerate(names)}
+        renamed = {name: SYMBOLS[i % len(SYMBOLS)] for i, name in enumerate(names)}
         graph = Instance(
-            [(s.var.lstrip("%"), s.dtype, [self._mutated_dim(d) for d in s.dims]) for s in example.inputs],
-            [(name, op_type, {k: self._mutated_operand(v) for k, v in operands.items()})
-             for name, op_type, operands in example_ops(example.statements)],
+            [(s.var.lstrip("%"), s.dtype, [renamed.get(d, d) for d in s.dims]) for s in example.inputs],
+            [(name, op_type, dict(operands)) for name, op_type, operands in example_ops(example.statements)],
             [var.lstrip("%") for var in example.outputs],
         )
-        if graph.ops and rng.random() < 0.2:  # an intermediate that is also an output
+        # One change at a time, as in mutation testing: an example changed in
+        # many places at once is mostly no valid graph.
+        change = rng.random()
+        if change < 0.3:
+            self._mutate_a_dim(graph)
+        elif change < 0.6:
+            self._mutate_a_constant(graph)
+        elif change < 0.75 and graph.ops:  # an intermediate that is also an output
             name = rng.choice(graph.ops)[0]
             if name not in graph.outputs:
                 graph.outputs.append(name)
@@ -156,19 +162,27 @@ class _Generator:
             graph.inputs.append(FLAG_INPUTS[self.dialect])
         return graph
 
-    def _mutated_dim(self, dim):
-        if self.rng.random() >= 0.2:
-            return self._renamed.get(dim, dim) if isinstance(dim, str) else dim
-        return self.rng.choice((*LITERAL_DIMS, *SYMBOLS))
+    def _mutate_a_dim(self, graph: Instance) -> None:
+        places = [(i, axis) for i, (_, _, dims) in enumerate(graph.inputs) for axis in range(len(dims))]
+        if not places:
+            return
+        position, axis = self.rng.choice(places)
+        name, dtype, dims = graph.inputs[position]
+        dims = list(dims)
+        dims[axis] = self.rng.choice((*LITERAL_DIMS, *SYMBOLS))
+        graph.inputs[position] = (name, dtype, dims)
 
-    def _mutated_operand(self, value):
-        rng = self.rng
-        if isinstance(value, list):
-            return [self._mutated_operand(v) for v in value]
-        if isinstance(value, float) and rng.random() < 0.3:
-            # Just inside fp32 rounding, far outside any tolerance, a sign, or a special value.
-            return rng.choice((value * (1 + 1e-7), value * 1.01, -value, 0.0, float("inf"), float("nan")))
-        return value
+    def _mutate_a_constant(self, graph: Instance) -> None:
+        places = [(i, key) for i, (_, _, operands) in enumerate(graph.ops)
+                  for key, value in operands.items() if isinstance(value, float)]
+        if not places:
+            return
+        position, key = self.rng.choice(places)
+        value = graph.ops[position][2][key]
+        # Just inside fp32 rounding, far outside any tolerance, a sign, or a special value.
+        graph.ops[position][2][key] = self.rng.choice(
+            (value * (1 + 1e-7), value * 1.01, -value, 0.0, float("inf"), float("-inf"), float("nan"))
+        )
 
     def _generated(self) -> Instance | None:
         rng = self.rng

@@ -270,10 +270,24 @@ class MilAdapter:
         return bool(value.consuming_blocks)
 
     def shape(self, value: Var):
-        return _shape_of_type(value.sym_type)
+        inferred = _shape_of_type(value.sym_type)
+        op = value.op
+        if op is not None and op.op_type == "select" and inferred is not None:
+            # coremltools types a select by a and b alone, but at run time
+            # cond broadcasts too: where it widens the type, it is the shape.
+            cond = _shape_of_type(op.inputs["cond"].sym_type)
+            if cond is None:
+                return None
+            try:
+                widened = broadcast_shapes(cond, inferred)
+            except IncompatibleShapes:
+                return None
+            if widened != inferred:
+                return widened
+        return inferred
 
     def proven_shape(self, value: Var):
-        inferred = _shape_of_type(value.sym_type)
+        inferred = self.shape(value)
         op = value.op
         if op is None or op.op_type not in _SHAPE_FOLLOWS:
             return inferred
@@ -304,7 +318,7 @@ class MilAdapter:
             if pending:
                 stack.extend(pending)
                 continue
-            inferred = _shape_of_type(value.sym_type)
+            inferred = self.shape(value)
             proven = shape_values.refined(inferred, self._proven_shape(value.op, inferred))
             self._proven_shapes[key] = (value, proven)
             stack.pop()
@@ -314,7 +328,7 @@ class MilAdapter:
         op = value.op
         if op is None or op.op_type not in _SHAPE_FOLLOWS:
             return False
-        inferred = _shape_of_type(value.sym_type)
+        inferred = self.shape(value)
         if inferred is not None and self._settled(inferred):
             return False
         cached = self._proven_shapes.get(id(value))
@@ -503,8 +517,9 @@ class MilAdapter:
         return float(filled)
 
     def scaling(self, op: Operation) -> tuple[Var, float] | None:
-        """(x, k) when `op` computes k * x: a `mul` or `real_div` by a one-element
-        float constant that does not widen x (its rank is at most x's)."""
+        """(x, k) when `op` computes k * x for a finite k: a `mul` or `real_div`
+        by a float constant (or fill) that holds k everywhere and does not widen
+        x, or `sub(0, x)` (k = -1)."""
         if op.op_type not in ("mul", "real_div", "sub"):
             return None
         x, y = op.inputs["x"], op.inputs["y"]
@@ -518,8 +533,8 @@ class MilAdapter:
             if scaled.val is not None or self.dtype(scaled) != self.dtype(op.outputs[0]):
                 continue
             k = self._uniform_scalar(factor, scaled)
-            if k is None:
-                continue
+            if k is None or not np.isfinite(k):
+                continue  # inf·x is no scaling one could fold: 0·inf is NaN
             if op.op_type == "real_div":
                 if k == 0.0 or not np.isfinite(k):
                     continue
@@ -952,17 +967,21 @@ def semantic_problems(program: Program) -> list[SemanticProblem]:
                 walk(nested)
             if op.op_type != "select":
                 continue
-            output = adapter.shape(op.outputs[0])
+            output = adapter.proven_shape(op.outputs[0])
             for name in ("cond", "a", "b"):
-                shape = adapter.shape(op.inputs[name])
+                shape = adapter.proven_shape(op.inputs[name])
                 if shape is None or output is None:
                     continue
+                # Provably widened: fewer axes, a literal of another size, or a
+                # literal 1 against a symbol. Two symbols may be one size.
                 if len(shape) != len(output) or any(
-                    not (isinstance(x, int) and isinstance(y, int) and x == y) and x != y
+                    (isinstance(x, int) and isinstance(y, int) and x != y) or (x == 1 and not isinstance(y, int))
                     for x, y in zip(shape, output)
                 ):
                     problems.append(SemanticProblem(
-                        (op.name, name),
+                        # By the operand value, not the op: a rule that rebuilds
+                        # the select under a new name did not add the problem.
+                        (op.inputs[name].name, name, tuple(map(str, output))),
                         f"select '{op.name}' broadcasts its operand '{name}' implicitly "
                         f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that",
                     ))

@@ -109,6 +109,19 @@ def causal_attention(q, k, v):
 # of an entry's named dims take one size at run time (STATIC_BATCH in a static
 # conversion, the `batch` of `concrete_arguments`). Names are per entry: one
 # name is one dimension across the entry's arguments.
+def causal_attention_arange(q, k, v):
+    """Causal attention with the mask built from positions, which converts under a symbolic sequence."""
+    sequence, head_dim = q.shape[-2], q.shape[-1]
+    scores = q @ jnp.swapaxes(k, -1, -2) / np.float32(np.sqrt(head_dim))
+    positions = jnp.arange(sequence)
+    scores = jnp.where(positions[:, None] >= positions[None, :], scores, -1e9)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+def masked_softmax(x, mask):
+    return jax.nn.softmax(jnp.where(mask, x, -jnp.inf), axis=-1, where=mask)
+
+
 FUNCTIONS = {
     "mean_mul": (mean_mul, [(("b", 8), np.float32)]),
     "rmsnorm": (rmsnorm, [(("b", 8), np.float32)]),
@@ -130,6 +143,9 @@ FUNCTIONS = {
     ),
     # Static only (see STATIC_ONLY): (b, 8, 16) with sequence 8 and head dim 16.
     "causal_attention": (causal_attention, [(("b", 8, 16), np.float32)] * 3),
+    # "s" is the sequence: symbolic, it is the one dim the attention mask depends on.
+    "causal_attention_arange": (causal_attention_arange, [((1, "s", 16), np.float32)] * 3),
+    "masked_softmax": (masked_softmax, [(("b", 8), np.float32), (("b", 8), np.bool_)]),
 }
 
 # Entries stablehlo_coreml cannot convert with symbolic dims, and why. For these
