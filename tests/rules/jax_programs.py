@@ -136,6 +136,7 @@ FUNCTIONS = {
     "logit_softcap": (logit_softcap, [(("b", 8), np.float32)]),
     "gelu_tanh": (gelu_tanh, [(("b", 8), np.float32)]),
     "gelu_erf": (gelu_erf, [(("b", 8), np.float32)]),
+    "gelu_erf_lowered": (gelu_erf, [(("b", 8), np.float32)]),
     # A cache of L rows, 2 heads of 8; the mask picks rows, the value is one row.
     "kv_cache_where": (
         kv_cache_where,
@@ -156,7 +157,13 @@ STATIC_ONLY = {
     # too, on jnp.tril's 2-D iota: "DynamicIotaOp with rank=2, iota_dim=0 is
     # not yet supported (only 1D iota is implemented)".
     "causal_attention": "stablehlo_coreml: dot_general with a symbolic batch dim; 2-D dynamic iota",
+    # Lowered (not exported) with a symbolic shape, the dim becomes an extra argument.
+    "gelu_erf_lowered": "jit(...).lower passes a symbolic dim as an extra argument",
 }
+
+
+# Converted from `jit(...).lower(...)`, keeping chlo ops (see `convert`).
+LOWERED = frozenset({"gelu_erf_lowered"})
 
 
 def modes(name: str) -> tuple[bool, ...]:
@@ -184,10 +191,19 @@ def abstract_arguments(arguments, symbolic: bool) -> list[jax.ShapeDtypeStruct]:
     return structs
 
 
-def convert(function, arguments, symbolic: bool) -> Program:
-    """The raw MIL program stablehlo_coreml makes of `function`."""
-    exported = jax.export.export(jax.jit(function))(*abstract_arguments(arguments, symbolic))
-    module = ir.Module.parse(exported.mlir_module(), context=jax_mlir.make_ir_context())
+def convert(function, arguments, symbolic: bool, lowered: bool = False) -> Program:
+    """The raw MIL program stablehlo_coreml makes of `function`.
+
+    `lowered`: take the module from `jit(...).lower(...)` rather than
+    `jax.export`, which decomposes chlo ops such as erfc into polynomials;
+    lowering keeps them, so erfc reaches MIL as erf.
+    """
+    abstract = abstract_arguments(arguments, symbolic)
+    if lowered:
+        text = str(jax.jit(function).lower(*abstract).compiler_ir("stablehlo"))
+    else:
+        text = jax.export.export(jax.jit(function))(*abstract).mlir_module()
+    module = ir.Module.parse(text, context=jax_mlir.make_ir_context())
     # stablehlo_coreml names its input symbols dim_0, dim_1, ... and coremltools
     # keeps the used symbol names process-wide: without a reset, the second
     # symbolic conversion fails with "Symbol 'dim_0' is used already".
@@ -202,7 +218,7 @@ def _converted(name: str, symbolic: bool) -> Program:
     if symbolic and name in STATIC_ONLY:
         raise ValueError(f"{name} converts only with static shapes: {STATIC_ONLY[name]}")
     function, arguments = FUNCTIONS[name]
-    return convert(function, arguments, symbolic)
+    return convert(function, arguments, symbolic, lowered=name in LOWERED)
 
 
 def converted(name: str, symbolic: bool) -> Program:
