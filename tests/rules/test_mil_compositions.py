@@ -99,3 +99,42 @@ def test_a_fill_of_another_size_stays(library):
 
     outcome = rewrite_and_compare(program, library, random_feeds({"x": ("b", 1), "y": ("b", 8)}))
     assert outcome.after["fill"] == 1
+
+
+@pytest.mark.parametrize("restore", ["expand_dims", "reshape"])
+def test_a_softmax_whose_sum_was_dropped_restored_and_tiled_becomes_one_op(library, restore):
+    batch = get_new_symbol()
+
+    @mb.program(input_specs=[spec(batch, 8)], opset_version=IOS18)
+    def program(x):
+        e = mb.exp(x=mb.sub(x=x, y=mb.reduce_max(x=x, axes=[-1], keep_dims=True)))
+        total = mb.reduce_sum(x=e, axes=[1], keep_dims=False)
+        if restore == "expand_dims":
+            total = mb.expand_dims(x=total, axes=[1])
+        else:
+            total = mb.reshape(x=total, shape=mb.concat(values=[mb.shape(x=total), np.array([1], np.int32)], axis=0))
+        return mb.real_div(x=e, y=mb.tile(x=total, reps=[1, 8]))
+
+    outcome = rewrite_and_compare(program, library, random_feeds({"x": ("b", 8)}))
+    assert outcome.before["tile"] == 1 and outcome.before["exp"] == 1
+    assert {k: v for k, v in outcome.after.items() if k != "const"} == {"softmax": 1}
+
+
+def test_an_fp16_softmax_with_an_fp32_sum_becomes_one_op(library):
+    @mb.program(input_specs=[spec(get_new_symbol(), 8, dtype=types.fp16)], opset_version=IOS18)
+    def program(x):
+        e = mb.exp(x=x)
+        total = mb.reduce_sum(x=mb.cast(x=e, dtype="fp32"), axes=[-1], keep_dims=True)
+        return mb.real_div(x=e, y=mb.cast(x=total, dtype="fp16"))
+
+    before = op_counts(program)
+    feeds = random_feeds({"x": ("b", 8)}, {"x": np.float16})
+    from rewrite.backends.mil_reference import evaluate
+
+    expected = [evaluate(program, feed) for feed in feeds]
+    library.apply(program, check_types=True)
+    assert before["cast"] == 2 and {k: v for k, v in op_counts(program).items() if k != "const"} == {"softmax": 1}
+    for want, feed in zip(expected, feeds):
+        (got,) = evaluate(program, feed).values()
+        (want,) = want.values()
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)  # fp16 rounds the sum differently
