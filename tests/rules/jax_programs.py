@@ -137,6 +137,8 @@ FUNCTIONS = {
     "gelu_tanh": (gelu_tanh, [(("b", 8), np.float32)]),
     "gelu_erf": (gelu_erf, [(("b", 8), np.float32)]),
     "gelu_erf_lowered": (gelu_erf, [(("b", 8), np.float32)]),
+    # Laid out (batch, 1, 1, features), where Core ML's l2_norm can compute RMSNorm.
+    "rmsnorm_heads": (rmsnorm, [(("b", 1, 1, 64), np.float32)]),
     # A cache of L rows, 2 heads of 8; the mask picks rows, the value is one row.
     "kv_cache_where": (
         kv_cache_where,
