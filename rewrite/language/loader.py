@@ -8,6 +8,7 @@ files are collected before it raises, so one run shows every mistake.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,9 @@ def load_rule_files(
     seen_rules: dict[str, ast.Rule] = {}
     warnings: list[Diagnostic] = []
     for path in files:
+        if dialects is not None and _declared_dialect(path) not in (None, *dialects) \
+                and _declared_dialect(path) in known_dialects:
+            continue  # not even parsed: a large library of another dialect costs nothing
         rule_file = loader.parse(path, None)
         if rule_file is None:
             continue
@@ -184,3 +188,21 @@ def load_rule_files(
     sources = {source.path: source for _, source in loader.parsed.values()}
     warnings.extend(lint_shadowing(rules, sources))
     return LoadedRules(tuple(rules), all_classes, tuple(warnings), tuple(str(f) for f in files))
+
+
+_DIALECT_LINE = re.compile(r"\s*dialect\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _declared_dialect(path: Path) -> str | None:
+    """The dialect a file declares on its first line of code, read without
+    parsing; None if that line is something else (the parser will say what)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                code = line.split("#", 1)[0].strip()
+                if code:
+                    match = _DIALECT_LINE.fullmatch(code)
+                    return match.group(1) if match else None
+    except OSError:
+        return None
+    return None
