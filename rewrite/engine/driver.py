@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rewrite.engine.compiled import CompiledConditions
 from rewrite.engine.conditions import Evaluator, Failure
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
@@ -123,6 +124,7 @@ class Driver:
         self.max_sweeps = max_sweeps
         self.matcher = Matcher(adapter)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
+        self.compiled = CompiledConditions(self.evaluator)
         self.rewriter = Rewriter(adapter, self.evaluator)
         self.statistics = Statistics({rule.name: RuleStatistics(rule.name) for rule in rules})
         self._conditions = {rule.name: [c.expr for c in rule.conditions] for rule in rules}
@@ -182,7 +184,9 @@ class Driver:
         failure = None
         for env in self.matcher.match_rule(rule, anchor):
             matched = True
-            truth, final = self.evaluator.holds(self._conditions[rule.name], env)
+            # Explaining needs the interpreter's record of what failed; deciding does not.
+            holds = self.evaluator.holds if self.evaluator.explaining else self.compiled.holds
+            truth, final = holds(self._conditions[rule.name], env)
             if final is not None:
                 return Decision(rule, anchor, True, Truth.YES, None, final)
             if failure is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rewrite.engine.compiled import CompiledConditions
 from rewrite.engine.conditions import Evaluator
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
@@ -124,7 +125,12 @@ def _verdict(write_rules, graph, where_clauses: str):
     matcher = Matcher(adapter)
     anchor = next(op for op in graph.main.ops if op.type == "add")
     (env,) = list(matcher.match_rule(rule, anchor))
-    return Evaluator(adapter, matcher, {}).holds([c.expr for c in rule.conditions], env)
+    conditions = [c.expr for c in rule.conditions]
+    evaluator = Evaluator(adapter, matcher, {})
+    interpreted = evaluator.holds(conditions, env)
+    # The driver's compiled conditions must give the very same verdict and bindings.
+    assert CompiledConditions(evaluator).holds(conditions, env) == interpreted
+    return interpreted
 
 
 @pytest.mark.parametrize("condition, expected", CASES, ids=[c for c, _ in CASES])
