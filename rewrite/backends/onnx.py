@@ -185,19 +185,34 @@ class OnnxAdapter:
             value.initializer = tensor
             value.shape = tuple(int(d) for d in tensor.dims)
             value.dtype = onnx_shapes.dtype_name(tensor.data_type)
+        # The hot loop of loading: names in the top graph resolve with one dict
+        # lookup; only subgraphs walk their enclosing scopes.
+        find = graph.values.get if parent is None else graph.lookup
+        values = graph.values
+        nodes = graph.nodes
         for node_proto in proto.node:
             node = Node(node_proto, graph)
             inputs = []
             for name in node_proto.input:
-                value = graph.lookup(name) if name else None
-                if name and value is None:
+                if not name:
+                    inputs.append(None)
+                    continue
+                value = find(name)
+                if value is None:
                     label = node_proto.name or node_proto.op_type
                     raise OnnxError(f"node '{label}' uses '{name}', which is never defined")
                 inputs.append(value)
-                if value is not None:
-                    value.uses.append(node)
+                value.uses.append(node)
             node.inputs = tuple(inputs)
-            node.outputs = tuple(self._define(graph, name, node) if name else None for name in node_proto.output)
+            outputs = []
+            for name in node_proto.output:
+                if name:
+                    value = Value(name, graph, node)
+                    values[name] = value
+                    outputs.append(value)
+                else:
+                    outputs.append(None)
+            node.outputs = tuple(outputs)
             if node_proto.attribute:
                 blocks = []
                 for attribute in node_proto.attribute:
@@ -206,7 +221,7 @@ class OnnxAdapter:
                     elif attribute.type == onnx.AttributeProto.GRAPHS:
                         blocks.extend(self._index_graph(g, graph, node) for g in attribute.graphs)
                 node.blocks = tuple(blocks)
-            graph.nodes.append(node)
+            nodes.append(node)
         for name, info in declared.items():
             value = graph.values.get(name)
             if value is not None:

@@ -69,6 +69,9 @@ def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
     """numpy broadcasting of whole shapes, right-aligned; None if any rank is unknown."""
     if any(shape is None for shape in shapes):
         return None
+    first = shapes[0]
+    if all(shape == first for shape in shapes) and UNKNOWN not in first:
+        return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
     rank = max((len(shape) for shape in shapes), default=0)
     result: list[Dim] = [1] * rank
     for shape in shapes:
