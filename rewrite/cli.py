@@ -279,29 +279,28 @@ def _apply(arguments) -> int:
         except KeyError as error:
             raise UserError(error.args[0]) from None
 
+    import rewrite
     from rewrite.api import paused_garbage_collection
 
+    # From load to save the job only adds long-lived objects: a collector
+    # pass would rescan them all (0.4 s of 2.5 s at 100k ONNX nodes).
     with paused_garbage_collection():
         model.load()
-    ops_before = model.count_ops()
-
-    import rewrite
-
-    options = {"check_types": arguments.check_types}
-    if arguments.max_sweeps is not None:
-        options["max_sweeps"] = arguments.max_sweeps
-    bar = _progress_bar(ops_before)
-    try:
-        statistics = rule_set.apply(model.program, progress=bar, **options)
-    except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
-        raise UserError(str(error)) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    ops_after = model.count_ops()
-
-    _write_atomically(destination, model.save)
-    _report(arguments, statistics, source, destination, ops_before, ops_after)
+        ops_before = model.count_ops()
+        options = {"check_types": arguments.check_types}
+        if arguments.max_sweeps is not None:
+            options["max_sweeps"] = arguments.max_sweeps
+        bar = _progress_bar(ops_before)
+        try:
+            statistics = rule_set.apply(model.program, progress=bar, **options)
+        except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
+            raise UserError(str(error)) from None
+        finally:
+            if bar is not None:
+                bar.close()
+        ops_after = model.count_ops()
+        _write_atomically(destination, model.save)
+        _report(arguments, statistics, source, destination, ops_before, ops_after)
     return EXIT_OK
 
 

@@ -35,7 +35,26 @@ def grammar_parser() -> lark.Lark:
 
 
 def parse_rules(text: str, path: str) -> ast.RuleFile:
-    """Parse the text of one rules file. Raises `RuleError` on a syntax error."""
+    """Parse the text of one rules file. Raises `RuleError` on a syntax error.
+
+    The AST is immutable, so a text parsed once in this process is not parsed
+    again: an embedder that loads the same rules for every model pays once.
+    """
+    key = (path, text)
+    parsed = _PARSED.get(key)
+    if parsed is None:
+        parsed = _parse(text, path)
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        _PARSED[key] = parsed
+    return parsed
+
+
+_PARSED: dict[tuple[str, str], ast.RuleFile] = {}
+_PARSED_LIMIT = 256
+
+
+def _parse(text: str, path: str) -> ast.RuleFile:
     source = SourceText(path, text)
     try:
         tree = grammar_parser().parse(text)
