@@ -17,6 +17,7 @@ def test_groups_sit_where_the_converter_puts_its_passes():
     assert passes.index("rewrite::cleanup") < passes.index("common::const_elimination")
     assert passes[passes.index("common::fuse_matmul_weight_bias") - 2] == "rewrite::fusion"
     assert passes[passes.index("common::fuse_reduce_mean") + 1] == "rewrite::late"
+    assert passes[passes.index("common::remove_redundant_ops") + 1] == "rewrite::settle"
     for group in GROUPS:
         assert passes[passes.index(group.name) + 1] == "common::dead_code_elimination"
 
