@@ -586,12 +586,16 @@ def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, bool]:
     if not path.is_file():
         raise OnnxError(f"{path}: no such file")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        data = path.read_bytes()
+        model = onnx.ModelProto()
+        model.ParseFromString(data)
     except Exception as error:
         raise OnnxError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise OnnxError(f"{path}: not an ONNX model (no graph or no opset)")
-    external = _uses_external_data(model.graph)
+    # A tensor stored outside names its file under the key "location": a
+    # model whose bytes never say that has none, and needs no walk.
+    external = b"location" in data and _uses_external_data(model.graph)
     if external:
         try:
             onnx.load_external_data_for_model(model, str(path.parent))
@@ -609,7 +613,9 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
             location=path.name + ".data", size_threshold=1024,
         )
     else:
-        onnx.save_model(model, str(path))
+        # What onnx.save_model writes for a model without external tensors,
+        # without its walk over every tensor looking for some (0.14 s at 100k nodes).
+        path.write_bytes(model.SerializeToString())
 
 
 def _uses_external_data(graph: onnx.GraphProto) -> bool:
@@ -622,10 +628,23 @@ def _uses_external_data(graph: onnx.GraphProto) -> bool:
     return False
 
 
+@functools.cache
+def _nesting_ops() -> frozenset[str]:
+    """The standard ops with graph attributes; an op of another domain may have them too."""
+    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    return frozenset(
+        schema.name for schema in onnx.defs.get_all_schemas()
+        if any(attribute.type in graphs for attribute in schema.attributes.values())
+    )
+
+
 def count_nodes(model: onnx.ModelProto, op_type: str | None = None) -> int:
     """Nodes (of `op_type`, if given) in the model, subgraphs included."""
 
     def count(graph: onnx.GraphProto) -> int:
+        nesting = _nesting_ops()
+        if op_type is None and not any(node.attribute for node in graph.node if node.op_type in nesting or node.domain):
+            return len(graph.node)  # only these can carry a subgraph
         total = 0
         for node in graph.node:
             total += op_type is None or node.op_type == op_type
