@@ -479,13 +479,15 @@ def _shape(adapter: Adapter, value):
 def _proven(adapter: Adapter, value, shape):
     """`shape`, or where it has a dim that is no literal, what the adapter can
     prove about it by following shape arithmetic (asked only then: it costs more)."""
-    if shape is not None and all(is_literal(d) for d in shape):
-        return shape
     prove = getattr(adapter, "proven_shape", None)
-    return shape if prove is None else prove(value)
+    if prove is None or (shape is not None and all(is_literal(d) for d in shape)):
+        return shape
+    return prove(value)
 
 
 def _axis(axis, rank: int):
+    if type(axis) is int:
+        return axis + rank if -rank <= axis < 0 else (axis if 0 <= axis < rank else None)
     if not is_literal(axis) or axis != int(axis):
         return None
     axis = int(axis)

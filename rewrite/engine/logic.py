@@ -18,24 +18,31 @@ class Truth(enum.Enum):
     UNKNOWN = 1
     YES = 2
 
+    # `_value_` is a plain attribute; `value` and `Truth(...)` go through
+    # enum's descriptors, and these run at every step of every condition.
+
     @staticmethod
     def of(value: bool) -> Truth:
-        return Truth.YES if value else Truth.NO
+        return _YES if value else _NO
 
     def __and__(self, other: Truth) -> Truth:
-        return self if self.value <= other.value else other
+        return self if self._value_ <= other._value_ else other
 
     def __or__(self, other: Truth) -> Truth:
-        return self if self.value >= other.value else other
+        return self if self._value_ >= other._value_ else other
 
     def __invert__(self) -> Truth:
-        return Truth(2 - self.value)
+        return _NEGATION[self._value_]
 
     def __bool__(self) -> bool:  # pragma: no cover - a guard, not an API
         raise TypeError("Truth is three-valued; compare with Truth.YES explicitly")
 
     def __str__(self) -> str:
         return self.name.lower()
+
+
+_NO, _MAYBE, _YES = Truth.NO, Truth.UNKNOWN, Truth.YES
+_NEGATION = (_YES, _MAYBE, _NO)
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,12 @@ Dim = int | Symbol | _UnknownDim
 
 
 def is_literal(dim: object) -> bool:
-    # bool is an int in Python; it is never a dim.
-    return isinstance(dim, (int, float)) and not isinstance(dim, bool)
+    # bool is an int in Python; it is never a dim. The exact types first: this
+    # runs for every dim a condition reads.
+    kind = type(dim)
+    if kind is int or kind is float:
+        return True
+    return isinstance(dim, (int, float)) and kind is not bool
 
 
 def equal(left: object, right: object) -> Truth:
