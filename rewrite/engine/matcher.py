@@ -34,12 +34,28 @@ class Matcher:
 
     def __init__(self, adapter: Adapter):
         self.adapter = adapter
+        # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
+        # split once, not at every op tried.
+        self._parts: dict[int, tuple] = {}
+
+    def _split(self, pattern: ast.OpPattern) -> tuple:
+        parts = self._parts.get(id(pattern))
+        if parts is None or parts[0] is not pattern:
+            operands = pattern.operands
+            parts = (
+                pattern,
+                [o for o in operands if o.name is not None],
+                [o for o in operands if o.name is None and not o.rest],
+                next((o for o in operands if o.rest), None),
+            )
+            self._parts[id(pattern)] = parts
+        return parts
 
     def match_op(self, pattern: ast.OpPattern, op: Op, env: Environment) -> Iterator[Environment]:
         """Every way `op` matches `pattern`, extending `env`."""
         if self.adapter.op_type(op) not in pattern.types:
             return
-        named = [o for o in pattern.operands if o.name is not None]
+        named = self._split(pattern)[1]
         if named and pattern.any_order:
             # The listed values may sit in the listed slots in any arrangement.
             slots = [o.name for o in named]
@@ -67,8 +83,7 @@ class Matcher:
 
     def _match_positional(self, pattern: ast.OpPattern, op: Op, env: Environment):
         values = list(self.adapter.operands(op))
-        patterns = [o for o in pattern.operands if not o.rest]
-        rest = next((o for o in pattern.operands if o.rest), None)
+        _, _, patterns, rest = self._split(pattern)
         if len(patterns) > len(values) or (rest is None and len(patterns) != len(values)):
             return
         if pattern.any_order:
@@ -93,10 +108,11 @@ class Matcher:
 
     def match_value(self, pattern, value, env: Environment) -> Iterator[Environment]:
         """Every way `value` (a graph value, or a tuple for a rest) matches `pattern`."""
-        if isinstance(pattern, ast.Wildcard):
+        kind = type(pattern)
+        if kind is ast.Wildcard:
             yield env
             return
-        if isinstance(pattern, ast.OpPattern):
+        if kind is ast.OpPattern:
             yield from self._match_producer(pattern, value, env)
             return
         if pattern.var in env:
