@@ -54,7 +54,12 @@ class RuleSet:
         """
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types)
-            return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress)
+            try:
+                return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress)
+            finally:
+                release = getattr(adapter, "release", None)  # an index of its own, now done with
+                if release is not None:
+                    release()
 
     def apply_with(
         self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS, progress: Progress | None = None

@@ -167,6 +167,7 @@ class OnnxAdapter:
         )
         self._serial = itertools.count()
         self._names: set[str] | None = None
+        self._removed: list[Node] = []  # for `release`: removed nodes sit in reference cycles too
         self.main = self._index_graph(model.graph, None, None)
         onnx_shapes.infer(self, self.main)
 
@@ -490,6 +491,7 @@ class OnnxAdapter:
 
     def remove_op(self, op: Node) -> None:
         op.live = False
+        self._removed.append(op)
         for value in op.inputs:
             if value is not None:
                 _drop_use(value, op)
@@ -501,6 +503,34 @@ class OnnxAdapter:
     def finish(self) -> None:
         """Write the index's edits back into the protobuf graphs that changed."""
         self._write_back(self.main)
+
+    def release(self) -> None:
+        """Take the index apart; the adapter is not used after this.
+
+        Nodes, values and graphs point at each other, so left alone the index
+        waits for the cyclic collector, whose pass over 100k nodes costs more
+        than a third of a second. Broken up, it is freed at once.
+        """
+        stack = [self.main]
+        removed, self._removed = self._removed, []
+        while stack:
+            graph = stack.pop()
+            for node in graph.nodes + removed:
+                stack.extend(node.blocks)
+                for value in node.outputs:
+                    if value is not None:
+                        value.uses = []
+                        value.producer = None
+                        value.graph = None
+                node.inputs = node.outputs = node.blocks = ()
+                node.graph = None
+            for value in graph.values.values():
+                value.uses = []
+                value.producer = None
+                value.graph = None
+            removed = []  # each removed node once, with the first graph
+            graph.nodes, graph.values, graph.outputs, graph.inserted = [], {}, [], {}
+            graph.parent = graph.owner = None
 
     def _write_back(self, graph: Graph) -> None:
         for node in graph.nodes:

@@ -170,3 +170,7 @@ class Adapter(Protocol):
 
     def finish(self) -> None:
         """Called once when a run ends: settle bookkeeping deferred during it."""
+
+    def release(self) -> None:
+        """Optional. Called by `RuleSet.apply`, which made the adapter, once it
+        is done with it: drop whatever index the adapter built."""
