@@ -130,7 +130,7 @@ def _compare_values(backend, original, rewritten, example: ast.Example) -> str |
         feeds = {}
         for statement in example.inputs:
             shape = tuple(size if isinstance(d, str) else d for d in statement.dims)
-            feeds[statement.var.lstrip("%")] = _random(rng, statement.dtype, shape)
+            feeds[statement.var.lstrip("%")] = random_input(rng, statement.dtype, shape)
         expected = backend.evaluate_example(original, feeds)
         got = backend.evaluate_example(rewritten, feeds)
         for name, value in expected.items():
@@ -149,7 +149,8 @@ def _compare_values(backend, original, rewritten, example: ast.Example) -> str |
     return None
 
 
-def _random(rng, dtype: str, shape) -> np.ndarray:
+def random_input(rng, dtype: str, shape) -> np.ndarray:
+    """A random array for an example input of `dtype` (an example's type name)."""
     if dtype == "bool":
         return rng.random(shape) > 0.5
     if dtype.startswith(("int", "uint")):

@@ -30,6 +30,14 @@ class PassGroup:
     after: bool  # after the anchor (else before its first occurrence)
 
 
+# Rules worth running again whenever coremltools' passes may have exposed
+# more: runtime fills proved scalar, reductions given their axes back, and the
+# softmax steps that need both.
+_RESETTLING = (
+    "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
+    "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
+)
+
 GROUPS = (
     PassGroup(
         "rewrite::cleanup",
@@ -46,12 +54,9 @@ GROUPS = (
     ),
     PassGroup(
         "rewrite::fusion",
-        (
-            "fill_to_scalar", "remove_broadcast_tiles", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
-            "remove_maximum_with_lowest", "remove_select_of_masked_exp", "replace_masked_decomposed_softmax",
-            "fuse_selects_on_one_condition",
-            "replace_decomposed_softmax", "replace_decomposed_softmax_wide_sum",
-            "drop_softmax_max_shift", "drop_softmax_constant_shift",
+        _RESETTLING + (
+            "remove_broadcast_tiles", "remove_maximum_with_lowest", "remove_select_of_masked_exp",
+            "fuse_selects_on_one_condition", "replace_decomposed_softmax_wide_sum", "drop_softmax_constant_shift",
             "fuse_logit_softcap", "fold_scaling_into_scaled_tanh", "fuse_gelu_erf", "fuse_gelu_tanh",
             "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
             "fuse_masked_attention_to_sdpa", "fuse_attention_to_sdpa", "remove_scaling_by_one",
@@ -59,25 +64,13 @@ GROUPS = (
         "common::fuse_matmul_weight_bias",
         after=False,
     ),
-    PassGroup(
-        "rewrite::late",
-        (
-            "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "fuse_rmsnorm",
-            # coremltools' reduction passes can expose a keep_dims max shift only now.
-            "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
-        ),
-        "common::fuse_reduce_mean", after=True,
-    ),
+    # coremltools' reduction passes can expose a keep_dims max shift only now.
+    PassGroup("rewrite::late", _RESETTLING + ("fuse_rmsnorm",), "common::fuse_reduce_mean", after=True),
     # Once coremltools has merged duplicate ops (two selects by one mask, say),
     # values that were merely equal are the same value, which rules can see.
     PassGroup(
-        "rewrite::settle",
-        (
-            "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
-            "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
-            "fuse_selects_on_one_condition",
-        ),
-        "common::remove_redundant_ops", after=True,
+        "rewrite::settle", _RESETTLING + ("fuse_selects_on_one_condition",), "common::remove_redundant_ops",
+        after=True,
     ),
 )
 DEAD_CODE = "common::dead_code_elimination"

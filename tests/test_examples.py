@@ -8,7 +8,7 @@ import pytest
 import rewrite
 from rewrite import backends
 from rewrite.api import RuleSet
-from rewrite.examples import canonical, example_ops, run_examples
+from rewrite.examples import canonical, example_ops, random_input, run_examples
 
 SHIPPED = rewrite.load_rules()
 CASES = [(rule.name, example.description) for rule in SHIPPED.rules for example in rule.examples]
@@ -48,17 +48,10 @@ def _built(rule, example, nested: bool):
 
 def _feeds(example, size: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for statement in example.inputs:
-        shape = tuple(size if isinstance(d, str) else d for d in statement.dims)
-        if statement.dtype == "bool":
-            feeds[statement.var.lstrip("%")] = rng.random(shape) > 0.5
-        elif statement.dtype.startswith(("int", "uint")):
-            feeds[statement.var.lstrip("%")] = rng.integers(0, 5, size=shape).astype(statement.dtype)
-        else:
-            kind = np.float16 if statement.dtype == "fp16" else np.float32
-            feeds[statement.var.lstrip("%")] = rng.standard_normal(shape).astype(kind)
-    return feeds
+    return {
+        s.var.lstrip("%"): random_input(rng, s.dtype, tuple(size if isinstance(d, str) else d for d in s.dims))
+        for s in example.inputs
+    }
 
 
 @pytest.mark.parametrize("rule, example", FIRING, ids=FIRING_IDS)

@@ -511,26 +511,27 @@ class OnnxAdapter:
         waits for the cyclic collector, whose pass over 100k nodes costs more
         than a third of a second. Broken up, it is freed at once.
         """
-        stack = [self.main]
-        removed, self._removed = self._removed, []
+        def detach(node: Node) -> None:
+            for value in node.outputs:
+                if value is not None:
+                    value.uses, value.producer, value.graph = [], None, None
+            node.inputs = node.outputs = node.blocks = ()
+            node.graph = None
+
+        # Removed nodes are in no graph's list any more, but still in cycles.
+        stack = [self.main, *(block for node in self._removed for block in node.blocks)]
         while stack:
             graph = stack.pop()
-            for node in graph.nodes + removed:
+            for node in graph.nodes:
                 stack.extend(node.blocks)
-                for value in node.outputs:
-                    if value is not None:
-                        value.uses = []
-                        value.producer = None
-                        value.graph = None
-                node.inputs = node.outputs = node.blocks = ()
-                node.graph = None
-            for value in graph.values.values():
-                value.uses = []
-                value.producer = None
-                value.graph = None
-            removed = []  # each removed node once, with the first graph
+                detach(node)
+            for value in graph.values.values():  # inputs and initializers too
+                value.uses, value.producer, value.graph = [], None, None
             graph.nodes, graph.values, graph.outputs, graph.inserted = [], {}, [], {}
             graph.parent = graph.owner = None
+        for node in self._removed:
+            detach(node)
+        self._removed = []
 
     def _write_back(self, graph: Graph) -> None:
         for node in graph.nodes:

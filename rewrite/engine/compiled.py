@@ -25,6 +25,7 @@ from rewrite.engine.conditions import (
     _binds,
     _equal,
     conjuncts,
+    domain_list,
 )
 from rewrite.engine.logic import UNKNOWN, Truth, order
 from rewrite.engine.matcher import ABSENT, Environment
@@ -192,10 +193,8 @@ class CompiledConditions:
         body = self.truth(expr.body)
 
         def quantified(env):
-            domain = domain_of(env)
-            if isinstance(domain, tuple):
-                domain = list(domain)
-            if not isinstance(domain, list):
+            domain = domain_list(domain_of(env))
+            if domain is None:
                 return MAYBE
             result = YES if forall else NO
             inner = dict(env)
@@ -280,10 +279,8 @@ class CompiledConditions:
         keep = None if expr.keep is None else self.truth(expr.keep)
 
         def comprehension(env):
-            domain = domain_of(env)
-            if isinstance(domain, tuple):
-                domain = list(domain)
-            if not isinstance(domain, list):
+            domain = domain_list(domain_of(env))
+            if domain is None:
                 return UNKNOWN
             inner = dict(env)
             items = []

@@ -61,6 +61,14 @@ def _has_binding(expr) -> bool:
     return False
 
 
+def domain_list(domain) -> list | None:
+    """What a quantifier or comprehension ranges over: a list, or the tuple of
+    operands a rest operand bound; None when it is not known."""
+    if isinstance(domain, tuple):
+        return list(domain)
+    return domain if isinstance(domain, list) else None
+
+
 def conjuncts(expr) -> list:
     """`a and b and c` as [a, b, c]."""
     if isinstance(expr, ast.And):
@@ -206,10 +214,8 @@ class Evaluator:
         return order(expr.operator, left, right)
 
     def _quantifier(self, expr: ast.Quantifier, env: Environment) -> Truth:
-        domain = self.value(expr.domain, env)
-        if isinstance(domain, tuple):  # the operands a rest operand bound
-            domain = list(domain)
-        if not isinstance(domain, list):
+        domain = domain_list(self.value(expr.domain, env))
+        if domain is None:
             return Truth.UNKNOWN
         forall = expr.kind == "forall"
         result = Truth.YES if forall else Truth.NO
@@ -301,10 +307,8 @@ class Evaluator:
         return self.value(expr.otherwise, env)
 
     def _comprehension(self, expr: ast.Comprehension, env: Environment):
-        domain = self.value(expr.domain, env)
-        if isinstance(domain, tuple):
-            domain = list(domain)
-        if not isinstance(domain, list):
+        domain = domain_list(self.value(expr.domain, env))
+        if domain is None:
             return UNKNOWN
         items = []
         inner = dict(env)

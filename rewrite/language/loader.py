@@ -146,8 +146,7 @@ def load_rule_files(
     seen_rules: dict[str, ast.Rule] = {}
     warnings: list[Diagnostic] = []
     for path in files:
-        if dialects is not None and _declared_dialect(path) not in (None, *dialects) \
-                and _declared_dialect(path) in known_dialects:
+        if dialects is not None and _declared_dialect(path) in set(known_dialects) - set(dialects):
             continue  # not even parsed: a large library of another dialect costs nothing
         rule_file = loader.parse(path, None)
         if rule_file is None:
