@@ -78,6 +78,18 @@ def _schema_at(op_type: str, opset: int, domain: str = ""):
         return None
 
 
+def _input_index(op_type: str, opset: int, domain: str) -> dict[str, int | slice]:
+    """Schema input names to positions; a variadic input takes the rest."""
+    schema = _schema_at(op_type, opset, domain)
+    if schema is None:
+        return {}
+    option = onnx.defs.OpSchema.FormalParameterOption
+    index: dict[str, int | slice] = {}
+    for position, parameter in enumerate(schema.inputs):
+        index[parameter.name] = slice(position, None) if parameter.option == option.Variadic else position
+    return index
+
+
 # ---------------------------------------------------------------- the index
 
 
@@ -112,10 +124,14 @@ class Value:
 class Node:
     """One NodeProto, with its operands resolved to `Value`s through the scopes."""
 
-    __slots__ = ("proto", "graph", "inputs", "outputs", "blocks", "live")
+    __slots__ = ("proto", "type", "graph", "inputs", "outputs", "blocks", "live")
 
     def __init__(self, proto: onnx.NodeProto, graph: Graph):
         self.proto = proto
+        # The engine asks for the type at every op of every sweep, and each
+        # protobuf field read costs more than a slot read.
+        domain, op_type = proto.domain, proto.op_type
+        self.type = op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}"
         self.graph = graph
         # Tuples, built once: at 100k nodes every list header counts.
         self.inputs: tuple[Value | None, ...] = ()
@@ -167,6 +183,7 @@ class OnnxAdapter:
         )
         self._serial = itertools.count()
         self._names: set[str] | None = None
+        self._input_indexes: dict[str, dict[str, int | slice]] = {}  # by op type; the opset is fixed
         self._removed: list[Node] = []  # for `release`: removed nodes sit in reference cycles too
         self.main = self._index_graph(model.graph, None, None)
         onnx_shapes.infer(self, self.main)
@@ -194,7 +211,9 @@ class OnnxAdapter:
         for node_proto in proto.node:
             node = Node(node_proto, graph)
             inputs = []
-            for name in node_proto.input:
+            # Slicing copies a repeated field out in one call, cheaper than
+            # iterating it through protobuf.
+            for name in node_proto.input[:]:
                 if not name:
                     inputs.append(None)
                     continue
@@ -206,7 +225,7 @@ class OnnxAdapter:
                 value.uses.append(node)
             node.inputs = tuple(inputs)
             outputs = []
-            for name in node_proto.output:
+            for name in node_proto.output[:]:
                 if name:
                     value = Value(name, graph, node)
                     values[name] = value
@@ -214,7 +233,7 @@ class OnnxAdapter:
                 else:
                     outputs.append(None)
             node.outputs = tuple(outputs)
-            if node_proto.attribute:
+            if len(node_proto.attribute):
                 blocks = []
                 for attribute in node_proto.attribute:
                     if attribute.type == onnx.AttributeProto.GRAPH:
@@ -270,7 +289,7 @@ class OnnxAdapter:
         return op.live
 
     def op_type(self, op: Node) -> str:
-        return op.proto.op_type if op.proto.domain in ("", "ai.onnx") else f"{op.proto.domain}.{op.proto.op_type}"
+        return op.type
 
     def op_name(self, op: Node) -> str:
         return op.proto.name or f"{op.proto.op_type}({', '.join(op.proto.output)})"
@@ -282,13 +301,9 @@ class OnnxAdapter:
         return False
 
     def _input_index(self, op: Node) -> dict[str, int | slice]:
-        schema = _schema_at(op.proto.op_type, self.opset, op.proto.domain)
-        if schema is None:
-            return {}
-        option = onnx.defs.OpSchema.FormalParameterOption
-        index: dict[str, int | slice] = {}
-        for position, parameter in enumerate(schema.inputs):
-            index[parameter.name] = slice(position, None) if parameter.option == option.Variadic else position
+        index = self._input_indexes.get(op.type)
+        if index is None:
+            index = self._input_indexes[op.type] = _input_index(op.proto.op_type, self.opset, op.proto.domain)
         return index
 
     def operand(self, op: Node, name: str):
@@ -552,11 +567,13 @@ class OnnxAdapter:
         for position, value in enumerate(graph.outputs):
             if value is not None and graph.proto.output[position].name != value.name:
                 graph.proto.output[position].name = value.name
-        live_names = {name for node in graph.nodes for name in node.proto.output} | outputs
-        kept = [info for info in graph.proto.value_info if info.name in live_names]
-        if len(kept) != len(graph.proto.value_info):
-            del graph.proto.value_info[:]
-            graph.proto.value_info.extend(kept)
+        if len(graph.proto.value_info):  # exporters often write none: then there is nothing to prune
+            live_names = {value.name for node in graph.nodes for value in node.outputs if value is not None}
+            live_names |= outputs
+            kept = [info for info in graph.proto.value_info if info.name in live_names]
+            if len(kept) != len(graph.proto.value_info):
+                del graph.proto.value_info[:]
+                graph.proto.value_info.extend(kept)
         graph.dirty = False
 
 

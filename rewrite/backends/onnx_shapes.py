@@ -78,7 +78,7 @@ def constant_of(value: Value, base_dir: str | None) -> np.ndarray | None:
             return None
         return numpy_helper.to_array(value.initializer, base_dir or "")
     node = value.producer
-    if node is None or node.proto.op_type != "Constant" or node.proto.domain not in ("", "ai.onnx"):
+    if node is None or node.type != "Constant":
         return None
     for attribute in node.proto.attribute:
         if attribute.name == "value":
@@ -106,8 +106,8 @@ def infer(adapter: OnnxAdapter, graph: Graph) -> None:
 
 def infer_node(adapter: OnnxAdapter, node: Node) -> None:
     """Infer one node's outputs from its inputs; keep what declarations add."""
-    op_type = node.proto.op_type
-    rule = _RULES.get(op_type) if node.proto.domain in ("", "ai.onnx") else None
+    op_type = node.type  # carries its domain unless it is the default one
+    rule = _RULES.get(op_type)
     results = None
     if rule is not None:
         try:
@@ -127,7 +127,7 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
         _contents_from_constant(adapter, outputs[0])
     else:
         contents = _CONTENTS.get(op_type)
-        if contents is not None and outputs and node.proto.domain in ("", "ai.onnx"):
+        if contents is not None and outputs:
             try:
                 outputs[0].contents = contents(adapter, node)
             except (IndexError, ValueError, TypeError):

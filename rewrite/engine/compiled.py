@@ -111,7 +111,24 @@ class CompiledConditions:
 
             return matched
         test = self.truth(head)
-        return lambda env: _then(test(env), rest, env)
+        if not rest_items:
+            # The last conjunct: no call for an empty rest.
+            def last(env):
+                truth = test(env)
+                return (truth, env) if truth is YES else (truth, None)
+
+            return last
+
+        def step(env):
+            truth = test(env)
+            if truth is YES:
+                return rest(env)
+            if truth is NO:
+                return NO, None
+            later, _ = rest(env)  # a later *no* still decides after an unknown
+            return (NO if later is NO else MAYBE), None
+
+        return step
 
     def _matches(self, expr: ast.Matches) -> Callable[[Environment], Any]:
         subject = self.value(expr.subject)
@@ -135,7 +152,13 @@ class CompiledConditions:
         if kind is ast.Compare:
             left, right, operator = self.value(expr.left), self.value(expr.right), expr.operator
             if operator == "==":
-                return lambda env: _equal(left(env), right(env))
+                def equals(env):
+                    a, b = left(env), right(env)
+                    if type(a) is int and type(b) is int:  # most dims: no three-valued detour
+                        return YES if a == b else NO
+                    return _equal(a, b)
+
+                return equals
             if operator == "!=":
                 return lambda env: ~_equal(left(env), right(env))
             return lambda env: order(operator, left(env), right(env))
@@ -189,8 +212,10 @@ class CompiledConditions:
 
     def _quantifier(self, expr: ast.Quantifier) -> TruthFunction:
         domain_of, variable, forall = self.value(expr.domain), expr.variable, expr.kind == "forall"
-        keep = None if expr.filter is None else self.conjunction(conjuncts(expr.filter))
         body = self.truth(expr.body)
+        if expr.filter is None or not _binds(expr.filter):
+            return self._plain_quantifier(domain_of, variable, forall, expr.filter, body)
+        keep = self.conjunction(conjuncts(expr.filter))
 
         def quantified(env):
             domain = domain_list(domain_of(env))
@@ -221,6 +246,49 @@ class CompiledConditions:
                     if result is YES:
                         return result
             return result
+
+        return quantified
+
+    def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body) -> TruthFunction:
+        """A quantifier whose filter binds nothing: the same verdicts as the
+        general one, with the filter a plain truth and the connectives unrolled."""
+        keep = None if filter_expr is None else self.truth(filter_expr)
+
+        def quantified(env):
+            domain = domain_list(domain_of(env))
+            if domain is None:
+                return MAYBE
+            unsure = False
+            inner = dict(env)
+            for element in domain:
+                inner[variable] = element
+                selected = YES if keep is None else keep(inner)
+                if selected is NO:
+                    continue
+                if selected is YES:
+                    holds = body(inner)
+                else:
+                    try:
+                        holds = body(inner)
+                    except KeyError:  # as in the general form: unknown
+                        holds = MAYBE
+                    # An element that may not be in the domain counts as
+                    # forall's (~selected | holds) or exists' (selected & holds).
+                    if forall:
+                        holds = YES if holds is YES else MAYBE
+                    else:
+                        holds = NO if holds is NO else MAYBE
+                if holds is YES:
+                    if not forall:
+                        return YES
+                elif holds is NO:
+                    if forall:
+                        return NO
+                else:
+                    unsure = True
+            if unsure:
+                return MAYBE
+            return YES if forall else NO
 
         return quantified
 
@@ -317,6 +385,11 @@ class CompiledConditions:
         positions = tuple(p for p in positions if p < len(arguments))
         missing = MAYBE if BUILTINS[expr.function].result is Type.BOOL else UNKNOWN
 
+        if not keywords and len(arguments) <= 3:
+            return _fixed_call(builtin, adapter, arguments, positions, missing)
+        if len(keywords) == 1 and len(arguments) == 2:
+            return _fixed_keyword_call(builtin, adapter, arguments, positions, keywords[0], names, missing)
+
         def call(env):
             values = [argument(env) for argument in arguments]
             for position in positions:
@@ -332,6 +405,72 @@ class CompiledConditions:
             return builtin(adapter, *values, **given)
 
         return call
+
+
+def _fixed_call(builtin, adapter, arguments: list, positions: tuple, missing) -> ValueFunction:
+    """A builtin call of one to three positional arguments, unrolled: the
+    same checks as the general form without its lists and loops."""
+    checked = [position in positions for position in range(3)]
+    if len(arguments) == 1:
+        (first,) = arguments
+        check = checked[0]
+
+        def call1(env):
+            a = first(env)
+            if check and (a is ABSENT or a is UNKNOWN or a is None):
+                return missing
+            return builtin(adapter, a)
+
+        return call1
+    if len(arguments) == 2:
+        first, second = arguments
+        check_first, check_second = checked[0], checked[1]
+
+        def call2(env):
+            a, b = first(env), second(env)
+            if check_first and (a is ABSENT or a is UNKNOWN or a is None):
+                return missing
+            if check_second and (b is ABSENT or b is UNKNOWN or b is None):
+                return missing
+            return builtin(adapter, a, b)
+
+        return call2
+    if len(arguments) == 3:
+        first, second, third = arguments
+
+        def call3(env):
+            values = (first(env), second(env), third(env))
+            for position in positions:
+                if _missing(values[position]):
+                    return missing
+            return builtin(adapter, *values)
+
+        return call3
+
+    def call0(env):
+        return builtin(adapter)
+
+    return call0
+
+
+def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, missing) -> ValueFunction:
+    """`f(a, b, name=c)`, unrolled like `_fixed_call`."""
+    first, second = arguments
+    check_first, check_second = 0 in positions, 1 in positions
+    name, third = keyword
+    check_third = name in names
+
+    def call(env):
+        a, b, c = first(env), second(env), third(env)
+        if check_first and (a is ABSENT or a is UNKNOWN or a is None):
+            return missing
+        if check_second and (b is ABSENT or b is UNKNOWN or b is None):
+            return missing
+        if check_third and (c is ABSENT or c is UNKNOWN):  # None is a keyword's "not given"
+            return missing
+        return builtin(adapter, a, b, **{name: c})
+
+    return call
 
 
 def _then(truth: Truth, rest: Conjunction, env: Environment) -> Verdict:
