@@ -637,6 +637,9 @@ class MilAdapter:
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
 
+    def count_ops(self) -> int:
+        return count_ops(self.program)
+
     def finish(self) -> None:
         if self._changed and self._has_constexpr:
             for function in self.program.functions.values():

@@ -515,6 +515,20 @@ class OnnxAdapter:
                 op.graph.values.pop(value.name, None)
         op.graph.dirty = True
 
+    def count_ops(self) -> int:
+        """Live nodes, subgraphs included."""
+        total = 0
+        stack = [self.main]
+        while stack:
+            graph = stack.pop()
+            self._place_inserted(graph)
+            for node in graph.nodes:
+                if node.live:
+                    total += 1
+                    if node.blocks:
+                        stack.extend(node.blocks)
+        return total
+
     def finish(self) -> None:
         """Write the index's edits back into the protobuf graphs that changed."""
         self._write_back(self.main)
@@ -526,26 +540,20 @@ class OnnxAdapter:
         waits for the cyclic collector, whose pass over 100k nodes costs more
         than a third of a second. Broken up, it is freed at once.
         """
-        def detach(node: Node) -> None:
-            for value in node.outputs:
-                if value is not None:
-                    value.uses, value.producer, value.graph = [], None, None
-            node.inputs = node.outputs = node.blocks = ()
-            node.graph = None
-
-        # Removed nodes are in no graph's list any more, but still in cycles.
+        # Only the node-to-value edges are cut, and every graph's own lists:
+        # what remains (value to node to graph) has no cycle left, and each
+        # cut is one store per node instead of several per value.
         stack = [self.main, *(block for node in self._removed for block in node.blocks)]
         while stack:
             graph = stack.pop()
             for node in graph.nodes:
-                stack.extend(node.blocks)
-                detach(node)
-            for value in graph.values.values():  # inputs and initializers too
-                value.uses, value.producer, value.graph = [], None, None
+                if node.blocks:
+                    stack.extend(node.blocks)
+                node.inputs = node.outputs = ()
             graph.nodes, graph.values, graph.outputs, graph.inserted = [], {}, [], {}
             graph.parent = graph.owner = None
         for node in self._removed:
-            detach(node)
+            node.inputs = node.outputs = ()
         self._removed = []
 
     def _write_back(self, graph: Graph) -> None:

@@ -116,13 +116,14 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
             results = None
         except (IndexError, ValueError, TypeError):
             results = None  # a malformed node; its shapes stay unknown
-    outputs = [v for v in node.outputs if v is not None]
-    if results is None:
-        results = [(None, None)] * len(outputs)
-    for value, (shape, dtype) in zip(outputs, results):
-        value.shape = _merge(shape, value.shape)
-        if dtype is not None:
-            value.dtype = dtype
+    outputs = node.outputs
+    if None in outputs:
+        outputs = tuple(v for v in outputs if v is not None)
+    if results is not None:
+        for value, (shape, dtype) in zip(outputs, results):
+            value.shape = _merge(shape, value.shape)
+            if dtype is not None:
+                value.dtype = dtype
     if op_type == "Constant" and outputs:
         _contents_from_constant(adapter, outputs[0])
     else:
@@ -138,7 +139,7 @@ def _merge(inferred, declared):
     if inferred is None:
         return declared
     if declared is None or len(declared) != len(inferred):
-        return tuple(inferred)
+        return inferred if type(inferred) is tuple else tuple(inferred)
     merged = []
     for ours, theirs in zip(inferred, declared):
         if ours is UNKNOWN:

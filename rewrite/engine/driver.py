@@ -43,6 +43,8 @@ class Statistics:
     rules: dict[str, RuleStatistics] = field(default_factory=dict)
     sweeps: int = 0
     removed_ops: int = 0
+    ops_before: int | None = None  # when the adapter counts ops (`Adapter.count_ops`)
+    ops_after: int | None = None
 
     @property
     def fires(self) -> int:
@@ -55,6 +57,8 @@ class Statistics:
         return {
             "sweeps": self.sweeps,
             "removed_ops": self.removed_ops,
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
             "rules": {
                 name: {"attempts": r.attempts, "fires": r.fires, "seconds": round(r.seconds, 6)}
                 for name, r in self.rules.items()
@@ -136,6 +140,9 @@ class Driver:
 
     def run(self) -> Statistics:
         """Sweep until no rule fires. Raises `RewriteLimitError` at the cap."""
+        count_ops = getattr(self.adapter, "count_ops", None)
+        if count_ops is not None:
+            self.statistics.ops_before = count_ops()
         try:
             for _ in range(self.max_sweeps):
                 self.statistics.sweeps += 1
@@ -152,6 +159,8 @@ class Driver:
             raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
         finally:
             self.adapter.finish()
+            if count_ops is not None:
+                self.statistics.ops_after = count_ops()
 
     def _sweep(self, block: Block, fired: list[str]) -> None:
         # The hot loop of a run: most ops have no rule and no nested block,

@@ -171,6 +171,10 @@ class Adapter(Protocol):
     def finish(self) -> None:
         """Called once when a run ends: settle bookkeeping deferred during it."""
 
+    def count_ops(self) -> int:
+        """Optional. Ops in the program, nested blocks included; read from the
+        index when a run starts and after `finish`, for the statistics."""
+
     def release(self) -> None:
         """Optional. Called by `RuleSet.apply`, which made the adapter, once it
         is done with it: drop whatever index the adapter built."""

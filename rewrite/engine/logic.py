@@ -45,11 +45,19 @@ _NO, _MAYBE, _YES = Truth.NO, Truth.UNKNOWN, Truth.YES
 _NEGATION = (_YES, _MAYBE, _NO)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Symbol:
     """A symbolic dim. Two dims are equal when they are the same symbol."""
 
     name: str
+
+    # Written out rather than generated: shape inference compares dims at
+    # every broadcast, and the generated method builds tuples to compare.
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is Symbol and other.name == self.name)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
 
     def __str__(self) -> str:
         return self.name

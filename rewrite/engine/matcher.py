@@ -86,6 +86,20 @@ class Matcher:
         _, _, patterns, rest = self._split(pattern)
         if len(patterns) > len(values) or (rest is None and len(patterns) != len(values)):
             return
+        if len(patterns) == 1 and _is_bound(patterns[0].pattern, env):
+            # `op(%bound, %rest...)`: the common shape (an op that uses a value
+            # we hold, and its other operands) needs no permutations, only
+            # the positions holding that value.
+            bound = env[patterns[0].pattern.var]
+            for position in range(len(values)) if pattern.any_order else (0,):
+                if not _same(bound, values[position]):
+                    continue
+                if rest is None:
+                    yield env
+                else:
+                    remaining = tuple(values[:position] + values[position + 1:])
+                    yield from self.match_value(rest.pattern, remaining, env)
+            return
         if pattern.any_order:
             orders = permutations(range(len(values)), len(patterns))
         else:
@@ -155,6 +169,11 @@ class Matcher:
             candidates = self._match_producer(clause.pattern, env[clause.var], env)
         for extended in candidates:
             yield from self._match_clauses(clauses, index + 1, anchor, extended)
+
+
+def _is_bound(pattern, env: Environment) -> bool:
+    """A plain `%v` (no producer pattern) that `env` already binds."""
+    return type(pattern) is ast.Bind and pattern.producer is None and pattern.var in env
 
 
 def _same(left, right) -> bool:

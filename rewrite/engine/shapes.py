@@ -67,11 +67,18 @@ def broadcast_dim(left: Dim, right: Dim) -> Dim:
 
 def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
     """numpy broadcasting of whole shapes, right-aligned; None if any rank is unknown."""
-    if any(shape is None for shape in shapes):
-        return None
-    first = shapes[0]
-    if all(shape == first for shape in shapes) and UNKNOWN not in first:
-        return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
+    if len(shapes) == 2:  # most ops: spelled out, this runs for each of them
+        first, second = shapes
+        if first is None or second is None:
+            return None
+        if first == second and not any(dim is UNKNOWN for dim in first):
+            return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
+    else:
+        if any(shape is None for shape in shapes):
+            return None
+        first = shapes[0]
+        if all(shape == first for shape in shapes) and not any(dim is UNKNOWN for dim in first):
+            return tuple(first)
     rank = max((len(shape) for shape in shapes), default=0)
     result: list[Dim] = [1] * rank
     for shape in shapes:

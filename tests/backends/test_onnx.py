@@ -245,3 +245,42 @@ def test_save_writes_a_loadable_model(tmp_path):
     save_onnx(model, tmp_path / "m.onnx")
     assert Path(tmp_path / "m.onnx").stat().st_size > 0
     onnx.checker.check_model(str(tmp_path / "m.onnx"), full_check=True)
+
+
+def _nested_identities():
+    then_nodes = [helper.make_node("Identity", ["x"], ["t1"]), helper.make_node("Neg", ["t1"], ["then_y"])]
+    body = helper.make_graph(then_nodes, "then", [], [_tensor("then_y", FLOAT, [4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["else_y"])], "else", [],
+                              [_tensor("else_y", FLOAT, [4])])
+    nodes = [helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Relu", ["i"], ["r"]),
+             helper.make_node("If", ["flag"], ["c"], then_branch=body, else_branch=other),
+             helper.make_node("Add", ["r", "c"], ["y"])]
+    return _model(nodes, [_tensor("flag", TensorProto.BOOL, []), _tensor("x", FLOAT, [4])],
+                  [_tensor("y", FLOAT, [4])])
+
+
+def test_the_run_counts_ops_from_its_index_nested_graphs_included(write_rules):
+    model = _nested_identities()
+    feeds = {"flag": np.array(True), "x": np.array([-1, 0, 2, 3], np.float32)}
+    expected = _run(model, feeds)
+    before = count_nodes(model)
+    statistics = rewrite.load_rules(write_rules(IDENTITY_BYPASS)).apply(model)
+    assert statistics.fires == 2
+    assert (statistics.ops_before, statistics.ops_after) == (before, count_nodes(model)) == (7, 5)
+    np.testing.assert_array_equal(_run(model, feeds)[0], expected[0])
+
+
+def test_release_leaves_nothing_for_the_cycle_collector(write_rules):
+    import gc
+
+    rules = rewrite.load_rules(write_rules(IDENTITY_BYPASS))
+    model = _nested_identities()
+    gc.collect()
+    gc.disable()
+    try:
+        statistics = rules.apply(model)  # builds, runs and releases its adapter
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert statistics.fires == 2
+    assert unreachable == 0

@@ -72,6 +72,19 @@ CASES = [
     ("exists i in []: true", NO),
     ("forall i in axes(%x): dim(%x, i) == 8", MAYBE),
     ("forall i in axes(%x): dim(%x, i) == 9", NO),  # one literal no decides it
+    # a filter that may or may not select an element (b == 4 is unknown)
+    ("forall i in axes(%x) where dim(%x, i) == 4: false", MAYBE),
+    ("forall i in axes(%x) where dim(%x, i) == 4: true", YES),
+    ("forall i in axes(%x) where dim(%x, i) == 4 or i == 1: dim(%x, i) == 8", MAYBE),
+    ("forall i in axes(%x) where dim(%x, i) == 4 or i == 1: i == 7", NO),
+    ("exists i in axes(%x) where dim(%x, i) == 4: true", MAYBE),
+    ("exists i in axes(%x) where dim(%x, i) == 4: false", NO),
+    ("exists i in axes(%x) where dim(%x, i) == 4 or i == 1: dim(%x, i) == 8", YES),
+    ("exists i in axes(%x) where not (dim(%x, i) == 8): dim(%x, i) == 1", MAYBE),
+    # unknown arguments, positional and keyword
+    ("aligned_dim(%x, dim(%x, 0), of=%t) == 4", MAYBE),
+    ("aligned_dim(%s, 1, of=%reps[5]) == 1", MAYBE),
+    ("dim(%reps[5], 0) == 1 or rank(%reps[5]) == 1", MAYBE),
     ("every use %u of %t: %u is add(_, _) or %u is exp(x=_)", YES),
     ("every use %u of %t: %u is add(%t, %other) in any order and rank(%other) == 2", NO),
     # conditional expressions and comprehensions: only a proved condition counts
