@@ -43,30 +43,40 @@ class RuleSet:
         max_sweeps: int = DEFAULT_MAX_SWEEPS,
         check_types: bool = False,
         progress: Progress | None = None,
+        count_ops: bool = False,
     ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
-        `program` is a coremltools MIL `Program`. Raises `RewriteLimitError`
-        if rules are still firing after `max_sweeps` sweeps. With
-        `check_types`, every rewrite re-derives its consumers' types and a
-        change raises `UnsoundRewriteError` naming the rule (slower; for
-        developing and testing rules).
+        `program` is a coremltools MIL `Program` or an `onnx.ModelProto`.
+        Raises `RewriteLimitError` if rules are still firing after
+        `max_sweeps` sweeps. With `check_types`, every rewrite re-derives its
+        consumers' types and a change raises `UnsoundRewriteError` naming the
+        rule (slower; for developing and testing rules). With `count_ops`,
+        the statistics carry `ops_before` and `ops_after` (nested blocks
+        included).
         """
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types)
             try:
-                return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress)
+                return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops)
             finally:
                 release = getattr(adapter, "release", None)  # an index of its own, now done with
                 if release is not None:
                     release()
 
     def apply_with(
-        self, adapter, *, max_sweeps: int = DEFAULT_MAX_SWEEPS, progress: Progress | None = None
+        self,
+        adapter,
+        *,
+        max_sweeps: int = DEFAULT_MAX_SWEEPS,
+        progress: Progress | None = None,
+        count_ops: bool = False,
     ) -> Statistics:
         """Like `apply`, over an adapter you built (for a backend of your own)."""
         rules = self.for_dialect(adapter.dialect)
-        driver = Driver(rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress)
+        driver = Driver(
+            rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress, count_ops=count_ops
+        )
         return driver.run()
 
 

@@ -286,7 +286,7 @@ def _apply(arguments) -> int:
             except KeyError as error:
                 raise UserError(error.args[0]) from None
         model.load()
-        options = {"check_types": arguments.check_types}
+        options = {"check_types": arguments.check_types, "count_ops": True}
         if arguments.max_sweeps is not None:
             options["max_sweeps"] = arguments.max_sweeps
         # The run counts ops from its own index; a walk of the model up front

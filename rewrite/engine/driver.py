@@ -43,7 +43,7 @@ class Statistics:
     rules: dict[str, RuleStatistics] = field(default_factory=dict)
     sweeps: int = 0
     removed_ops: int = 0
-    ops_before: int | None = None  # when the adapter counts ops (`Adapter.count_ops`)
+    ops_before: int | None = None  # when asked for and the adapter counts ops (`Adapter.count_ops`)
     ops_after: int | None = None
 
     @property
@@ -121,8 +121,11 @@ class Driver:
         predicates: dict[str, Predicate],
         max_sweeps: int = DEFAULT_MAX_SWEEPS,
         progress: Progress | None = None,
+        count_ops: bool = False,
     ):
         self.adapter = adapter
+        # Counting walks a program the adapter may not index (MIL): only on request.
+        self._count_ops = getattr(adapter, "count_ops", None) if count_ops else None
         self.progress = progress
         self._visited = 0
         self.max_sweeps = max_sweeps
@@ -140,7 +143,7 @@ class Driver:
 
     def run(self) -> Statistics:
         """Sweep until no rule fires. Raises `RewriteLimitError` at the cap."""
-        count_ops = getattr(self.adapter, "count_ops", None)
+        count_ops = self._count_ops
         if count_ops is not None:
             self.statistics.ops_before = count_ops()
         try:

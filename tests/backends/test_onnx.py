@@ -264,7 +264,7 @@ def test_the_run_counts_ops_from_its_index_nested_graphs_included(write_rules):
     feeds = {"flag": np.array(True), "x": np.array([-1, 0, 2, 3], np.float32)}
     expected = _run(model, feeds)
     before = count_nodes(model)
-    statistics = rewrite.load_rules(write_rules(IDENTITY_BYPASS)).apply(model)
+    statistics = rewrite.load_rules(write_rules(IDENTITY_BYPASS)).apply(model, count_ops=True)
     assert statistics.fires == 2
     assert (statistics.ops_before, statistics.ops_after) == (before, count_nodes(model)) == (7, 5)
     np.testing.assert_array_equal(_run(model, feeds)[0], expected[0])
