@@ -146,7 +146,7 @@ class Node:
 class Graph:
     """A GraphProto and the names it defines; `parent` is the enclosing scope."""
 
-    __slots__ = ("proto", "parent", "owner", "nodes", "values", "outputs", "inserted", "dirty")
+    __slots__ = ("proto", "parent", "owner", "nodes", "values", "outputs", "inserted", "added", "dirty")
 
     def __init__(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None):
         self.proto = proto
@@ -157,6 +157,7 @@ class Graph:
         self.outputs: list[Value | None] = []
         # New nodes waiting to be placed before an existing one (keyed by id).
         self.inserted: dict[int, list[Node]] = {}
+        self.added: list[Node] = []  # built nodes whose protos are not in proto.node yet
         self.dirty = False
 
     def lookup(self, name: str) -> Value | None:
@@ -208,6 +209,9 @@ class OnnxAdapter:
         find = graph.values.get if parent is None else graph.lookup
         values = graph.values
         nodes = graph.nodes
+        # Only these can carry a subgraph; reading any other node's attributes
+        # would make protobuf keep a container for them (30 MB at 100k nodes).
+        nesting = _nesting_ops()
         for node_proto in proto.node:
             node = Node(node_proto, graph)
             inputs = []
@@ -233,7 +237,7 @@ class OnnxAdapter:
                 else:
                     outputs.append(None)
             node.outputs = tuple(outputs)
-            if len(node_proto.attribute):
+            if (node.type in nesting or "." in node.type) and len(node_proto.attribute):  # "." : another domain
                 blocks = []
                 for attribute in node_proto.attribute:
                     if attribute.type == onnx.AttributeProto.GRAPH:
@@ -420,6 +424,7 @@ class OnnxAdapter:
                 value.uses.append(node)
         node.outputs = tuple(self._define(graph, output, node) for output in proto.output)
         graph.inserted.setdefault(id(before), []).append(node)
+        graph.added.append(node)
         graph.dirty = True
         onnx_shapes.infer_node(self, node)
         return node
@@ -485,6 +490,7 @@ class OnnxAdapter:
             node.outputs = (self._define(graph, name, node),)
             node.outputs[0].shape, node.outputs[0].dtype = new.shape, new.dtype
             graph.nodes.append(node)
+            graph.added.append(node)
             graph.outputs[position] = node.outputs[0]
             node.outputs[0].output_of += (graph,)
         graph.dirty = True
@@ -550,7 +556,7 @@ class OnnxAdapter:
                 if node.blocks:
                     stack.extend(node.blocks)
                 node.inputs = node.outputs = ()
-            graph.nodes, graph.values, graph.outputs, graph.inserted = [], {}, [], {}
+            graph.nodes, graph.values, graph.outputs, graph.inserted, graph.added = [], {}, [], {}, []
             graph.parent = graph.owner = None
         for node in self._removed:
             node.inputs = node.outputs = ()
@@ -564,13 +570,23 @@ class OnnxAdapter:
             return
         self._place_inserted(graph)
         graph.nodes = [node for node in graph.nodes if node.live]
-        protos = [node.proto for node in graph.nodes]
-        # Clearing the repeated field detaches the messages we still hold;
-        # extending copies them back in, in the new order.
-        del graph.proto.node[:]
-        graph.proto.node.extend(protos)
-        for node, proto in zip(graph.nodes, graph.proto.node):
-            node.proto = proto
+        field = graph.proto.node
+        added = [node for node in graph.added if node.live]
+        graph.added = []
+        if added:  # copied in at the end; the nodes hold the copies from now on
+            start = len(field)
+            field.extend(node.proto for node in added)
+            for node, proto in zip(added, field[start:]):
+                node.proto = proto
+        # Sorting reorders the messages in place: every node keeps its proto,
+        # none is copied, and the removed ones end up last, to be cut off.
+        # (Clearing and re-extending would copy every message into the model's
+        # arena a second time.) Every message has a wrapper alive, held by a
+        # live or removed node, so ids are unique.
+        position = {id(node.proto): index for index, node in enumerate(graph.nodes)}
+        live = len(position)
+        field.sort(key=lambda proto: position.get(id(proto), live))
+        del field[live:]
         outputs = {info.name for info in graph.proto.output}
         for position, value in enumerate(graph.outputs):
             if value is not None and graph.proto.output[position].name != value.name:

@@ -284,3 +284,24 @@ def test_release_leaves_nothing_for_the_cycle_collector(write_rules):
         gc.enable()
     assert statistics.fires == 2
     assert unreachable == 0
+
+
+def test_a_second_run_on_one_adapter_edits_the_nodes_the_first_one_built(write_rules):
+    # After a write-back the built nodes must hold the model's own messages:
+    # the second run rewires a Squeeze the first one built.
+    from rewrite.engine.driver import Driver
+    from rewrite.predicates import registered_predicates
+
+    nodes = [helper.make_node("Identity", ["x"], ["i"]), helper.make_node("ReduceSum", ["i", "axes"], ["m"])]
+    model = _model(nodes, [_tensor("x", FLOAT, [1, 3])], [_tensor("m", FLOAT, [1, 3])], [_ints("axes", [0])])
+    feeds = {"x": np.array([[1, -2, 3]], np.float32)}
+    before = _run(model, feeds)[0]
+    adapter = OnnxAdapter(model)
+    for text in (SQUEEZE_UNSQUEEZE, IDENTITY_BYPASS):
+        rules = rewrite.load_rules(write_rules(text)).for_dialect("onnx")
+        assert Driver(rules, adapter, registered_predicates()).run().fires == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node if n.op_type != "Constant"] == ["Squeeze", "Unsqueeze"]
+    squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")
+    assert squeeze.input[0] == "x"
+    np.testing.assert_array_equal(_run(model, feeds)[0], before)
