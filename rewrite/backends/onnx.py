@@ -209,9 +209,10 @@ class OnnxAdapter:
         find = graph.values.get if parent is None else graph.lookup
         values = graph.values
         nodes = graph.nodes
-        # Only these can carry a subgraph; reading any other node's attributes
-        # would make protobuf keep a container for them (30 MB at 100k nodes).
-        nesting = _nesting_ops()
+        # A standard op that no opset gave a graph attribute carries no
+        # subgraph; reading its attributes anyway would make protobuf keep a
+        # container for them (30 MB at 100k nodes). Unknown ops are read.
+        flat = _flat_ops()
         for node_proto in proto.node:
             node = Node(node_proto, graph)
             inputs = []
@@ -237,7 +238,7 @@ class OnnxAdapter:
                 else:
                     outputs.append(None)
             node.outputs = tuple(outputs)
-            if (node.type in nesting or "." in node.type) and len(node_proto.attribute):  # "." : another domain
+            if node.type not in flat and len(node_proto.attribute):
                 blocks = []
                 for attribute in node_proto.attribute:
                     if attribute.type == onnx.AttributeProto.GRAPH:
@@ -701,22 +702,28 @@ def _uses_external_data(graph: onnx.GraphProto) -> bool:
 
 
 @functools.cache
-def _nesting_ops() -> frozenset[str]:
-    """The standard ops with graph attributes; an op of another domain may have them too."""
+def _flat_ops() -> frozenset[str]:
+    """The standard ops that have no graph attribute at any opset."""
     graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    return frozenset(
-        schema.name for schema in onnx.defs.get_all_schemas()
-        if any(attribute.type in graphs for attribute in schema.attributes.values())
-    )
+    nesting, names = set(), set()
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain not in ("", "ai.onnx"):
+            continue
+        names.add(schema.name)
+        if any(attribute.type in graphs for attribute in schema.attributes.values()):
+            nesting.add(schema.name)
+    return frozenset(names - nesting)
 
 
 def count_nodes(model: onnx.ModelProto, op_type: str | None = None) -> int:
     """Nodes (of `op_type`, if given) in the model, subgraphs included."""
 
     def count(graph: onnx.GraphProto) -> int:
-        nesting = _nesting_ops()
-        if op_type is None and not any(node.attribute for node in graph.node if node.op_type in nesting or node.domain):
-            return len(graph.node)  # only these can carry a subgraph
+        flat = _flat_ops()
+        if op_type is None and not any(
+            node.attribute for node in graph.node if node.op_type not in flat or node.domain not in ("", "ai.onnx")
+        ):
+            return len(graph.node)  # no node that may carry a subgraph
         total = 0
         for node in graph.node:
             total += op_type is None or node.op_type == op_type

@@ -305,3 +305,19 @@ def test_a_second_run_on_one_adapter_edits_the_nodes_the_first_one_built(write_r
     squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")
     assert squeeze.input[0] == "x"
     np.testing.assert_array_equal(_run(model, feeds)[0], before)
+
+
+@pytest.mark.parametrize("domain", ["", "com.example"])
+def test_an_unknown_op_with_a_graph_attribute_still_counts_its_uses(domain):
+    # Attributes are skipped only for standard ops that never had a graph.
+    body = helper.make_graph([helper.make_node("Neg", ["outer"], ["inner"])], "body", [],
+                             [_tensor("inner", FLOAT, [4])])
+    nodes = [helper.make_node("Relu", ["x"], ["outer"]),
+             helper.make_node("MadeUpLoop", ["x"], ["y"], domain=domain, body=body)]
+    graph = helper.make_graph(nodes, "g", [_tensor("x", FLOAT, [4])], [_tensor("y", FLOAT, [4])])
+    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
+    adapter = OnnxAdapter(model)
+    (consumer,) = adapter.consumers(adapter.main.values["outer"])
+    assert adapter.op_type(consumer) == "Neg"
+    assert adapter.count_ops() == count_nodes(model) == 3
