@@ -78,7 +78,7 @@ def _schema_at(op_type: str, opset: int, domain: str = ""):
         return None
 
 
-def _input_index(op_type: str, opset: int, domain: str) -> dict[str, int | slice]:
+def _schema_input_index(op_type: str, opset: int, domain: str) -> dict[str, int | slice]:
     """Schema input names to positions; a variadic input takes the rest."""
     schema = _schema_at(op_type, opset, domain)
     if schema is None:
@@ -308,7 +308,8 @@ class OnnxAdapter:
     def _input_index(self, op: Node) -> dict[str, int | slice]:
         index = self._input_indexes.get(op.type)
         if index is None:
-            index = self._input_indexes[op.type] = _input_index(op.proto.op_type, self.opset, op.proto.domain)
+            index = _schema_input_index(op.proto.op_type, self.opset, op.proto.domain)
+            self._input_indexes[op.type] = index
         return index
 
     def operand(self, op: Node, name: str):
@@ -584,9 +585,9 @@ class OnnxAdapter:
         # (Clearing and re-extending would copy every message into the model's
         # arena a second time.) Every message has a wrapper alive, held by a
         # live or removed node, so ids are unique.
-        position = {id(node.proto): index for index, node in enumerate(graph.nodes)}
-        live = len(position)
-        field.sort(key=lambda proto: position.get(id(proto), live))
+        order = {id(node.proto): index for index, node in enumerate(graph.nodes)}
+        live = len(order)
+        field.sort(key=lambda proto: order.get(id(proto), live))
         del field[live:]
         outputs = {info.name for info in graph.proto.output}
         for position, value in enumerate(graph.outputs):
