@@ -516,10 +516,7 @@ def _dim(adapter, value, axis):
     index = _axis(axis, len(shape))
     if index is None:
         return UNKNOWN
-    dim = shape[index]
-    if type(dim) is int:  # most dims, and nothing to prove
-        return dim
-    if not is_literal(dim):
+    if not is_literal(shape[index]):
         shape = _proven(adapter, value, shape)
     return shape[index]
 
@@ -549,10 +546,7 @@ def _aligned_dim(adapter, value, axis, of):
     position = index - len(reference) + len(shape)
     if position < 0:
         return 1
-    dim = shape[position]
-    if type(dim) is int:
-        return dim
-    if not is_literal(dim):
+    if not is_literal(shape[position]):
         shape = _proven(adapter, value, shape)
     return shape[position]
 

@@ -67,18 +67,14 @@ def broadcast_dim(left: Dim, right: Dim) -> Dim:
 
 def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
     """numpy broadcasting of whole shapes, right-aligned; None if any rank is unknown."""
-    if len(shapes) == 2:  # most ops: spelled out, this runs for each of them
-        first, second = shapes
-        if first is None or second is None:
+    # Plain loops, not any()/all() over generators: this runs for every
+    # elementwise op, and most of them meet equal shapes.
+    for shape in shapes:
+        if shape is None:
             return None
-        if first == second and not any(dim is UNKNOWN for dim in first):
-            return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
-    else:
-        if any(shape is None for shape in shapes):
-            return None
-        first = shapes[0]
-        if all(shape == first for shape in shapes) and not any(dim is UNKNOWN for dim in first):
-            return tuple(first)
+    first = shapes[0]
+    if _all_equal(shapes, first) and _all_known(first):
+        return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
     rank = max((len(shape) for shape in shapes), default=0)
     result: list[Dim] = [1] * rank
     for shape in shapes:
@@ -86,6 +82,20 @@ def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
         for axis, dim in enumerate(shape):
             result[offset + axis] = broadcast_dim(result[offset + axis], dim)
     return tuple(result)
+
+
+def _all_equal(shapes, first) -> bool:
+    for shape in shapes:
+        if shape != first:
+            return False
+    return True
+
+
+def _all_known(shape) -> bool:
+    for dim in shape:  # `is`: `UNKNOWN in shape` would call every symbol's __eq__
+        if dim is UNKNOWN:
+            return False
+    return True
 
 
 def _expression(operator: str, left: Dim, right: Dim, commutative: bool) -> Dim:
