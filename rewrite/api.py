@@ -58,7 +58,9 @@ class RuleSet:
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types)
             try:
-                return self.apply_with(adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops)
+                return self.apply_with(
+                    adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops, check_types=check_types
+                )
             finally:
                 release = getattr(adapter, "release", None)  # an index of its own, now done with
                 if release is not None:
@@ -71,11 +73,13 @@ class RuleSet:
         max_sweeps: int = DEFAULT_MAX_SWEEPS,
         progress: Progress | None = None,
         count_ops: bool = False,
+        check_types: bool = False,
     ) -> Statistics:
         """Like `apply`, over an adapter you built (for a backend of your own)."""
         rules = self.for_dialect(adapter.dialect)
         driver = Driver(
-            rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress, count_ops=count_ops
+            rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress, count_ops=count_ops,
+            check_types=check_types,
         )
         return driver.run()
 

@@ -15,9 +15,7 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -54,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("--rule", action="append", metavar="NAME", help="apply only this rule (repeatable)")
     apply.add_argument("--in-place", action="store_true", help="overwrite INPUT with the result")
-    apply.add_argument("--max-sweeps", type=int, default=None, metavar="N",
+    apply.add_argument("--max-sweeps", type=_positive, default=None, metavar="N",
                        help="give up when rules still fire after N sweeps")
     apply.add_argument("--check-types", action="store_true",
                        help="re-derive types after each rewrite and stop at a rule that changes one")
@@ -75,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="try random instances of each rule, before against after")
     verify.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     verify.add_argument("--rule", metavar="NAME", help="only this rule")
-    verify.add_argument("--trials", type=int, default=50, metavar="N", help="instances to try per rule")
+    verify.add_argument("--trials", type=_positive, default=50, metavar="N", help="instances to try per rule")
     verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
 
     check = commands.add_parser("check", help="parse and check rules files")
@@ -85,34 +83,54 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `rewrite` command with `argv` (default: `sys.argv[1:]`); return its exit code."""
     _quiet_third_party()
     arguments = _parser().parse_args(argv)
+    from rewrite.output import Terminated, terminating_signals_unwind
+
     try:
-        if arguments.command == "apply":
-            return _apply(arguments)
-        if arguments.command == "explain":
-            return _explain(arguments)
-        if arguments.command == "test":
-            return _test(arguments)
-        if arguments.command == "verify":
-            return _verify(arguments)
-        return _check(arguments)
+        with terminating_signals_unwind():
+            return _COMMANDS[arguments.command](arguments)
     except UserError as error:
         print(f"rewrite: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("rewrite: interrupted", file=sys.stderr)
         return 130
+    except Terminated as signal_received:
+        print("rewrite: terminated", file=sys.stderr)
+        return 128 + signal_received.signal_number
 
 
-def _load_rules(paths, dialect: str | None):
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _load_rules(paths, dialect: str | None, explicit: bool = True):
     import rewrite
 
     try:
-        return rewrite.load_rules(*paths, dialects=None if dialect is None else [dialect])
+        rule_set = rewrite.load_rules(*paths, dialects=None if dialect is None else [dialect])
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
+    skipped = getattr(rule_set, "skipped_files", ())
+    if explicit and skipped and dialect is not None:
+        # Rules the user named that cannot apply are a likely mistake: say so.
+        others = sorted({other for _, other in skipped})
+        names = ", ".join(path for path, _ in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        message = (f"{_plural(len(skipped), 'rules file')} of dialect {'/'.join(others)} "
+                   f"do not apply to this {dialect} model ({names})")
+        if not rule_set.rules:
+            raise UserError(f"no {dialect} rules given: {message}")
+        print(f"rewrite: note: {message}", file=sys.stderr)
+    return rule_set
 
 
 def _check(arguments) -> int:
@@ -146,22 +164,27 @@ class _Model:
         else:
             raise UserError(f"{path}: unknown model format (expected an .mlpackage or an .onnx file)")
         self.path = path
+        self.package = suffix == ".mlpackage"
 
     def load(self) -> None:
-        if self.format == "mil":
-            from rewrite.backends import mil
+        """Read the model, strictly read-only: no file of the input is touched."""
+        from rewrite.engine.interfaces import ModelError
 
-            try:
-                self.program, self._saved_with = mil.load_mlpackage(self.path)
-            except mil.MilError as error:
-                raise UserError(str(error)) from None
-        else:
-            from rewrite.backends import onnx as onnx_backend
+        try:
+            if self.format == "mil":
+                from rewrite.backends.mil import load_mlpackage
 
-            try:
-                self.program, self._saved_with = onnx_backend.load_onnx(self.path)
-            except onnx_backend.OnnxError as error:
-                raise UserError(str(error)) from None
+                self.program, self.source = load_mlpackage(self.path)
+            else:
+                from rewrite.backends.onnx_files import read_onnx
+
+                self.program, self.source = read_onnx(self.path)
+        except ModelError as error:
+            raise UserError(str(error)) from None
+
+    def files(self) -> list[Path]:
+        """Every file the input consists of (a package's whole tree), the input's own path first."""
+        return [self.path, *self.source.files]
 
     def count_ops(self) -> int:
         if self.format == "mil":
@@ -172,15 +195,30 @@ class _Model:
 
         return count_nodes(self.program)
 
-    def save(self, path: Path) -> None:
+    def publish(self, target, in_place: bool) -> None:
+        """Write the model to `target` atomically (see `rewrite.output`)."""
+        from rewrite import output
+
         if self.format == "mil":
             from rewrite.backends.mil import save_mlpackage
 
-            save_mlpackage(self.program, path, self._saved_with)
-        else:
-            from rewrite.backends.onnx import save_onnx
+            output.publish(target, lambda path: save_mlpackage(self.program, path, self.source))
+            return
+        from rewrite.backends.onnx_files import data_files_of, write_onnx
 
-            save_onnx(self.program, path, external_data=self._saved_with)
+        data_name = None
+        if self.source.external_data:
+            data_name = output.free_companion_name(target, ".data", avoid=self.source.data_files)
+        # The replaced model's data files are garbage once the new model is in
+        # place; the input's are kept unless the input is what is replaced.
+        replaced = self.source.data_files if in_place else (data_files_of(target.path) if target.replaces else ())
+        keep = {Path(os.path.realpath(p)) for p in (() if in_place else self.source.files)}
+        obsolete = [
+            p for p in replaced
+            if Path(os.path.realpath(p)) not in keep and p.name != data_name
+            and Path(os.path.realpath(p)).parent == target.path.parent
+        ]
+        output.publish(target, lambda path: write_onnx(self.program, path, data_name), obsolete=obsolete)
 
 
 def _test(arguments) -> int:
@@ -188,6 +226,8 @@ def _test(arguments) -> int:
         if not Path(path).exists():
             raise UserError(f"{path}: no such file or directory")
     rule_set = _load_rules(arguments.rules, None)
+    if arguments.rule and arguments.rule not in {rule.name for rule in rule_set.rules}:
+        raise UserError(f"no rule named '{arguments.rule}'")
     from rewrite.examples import run_examples
 
     results = run_examples(rule_set, arguments.rule)
@@ -226,7 +266,7 @@ def _verify(arguments) -> int:
 
 def _explain(arguments) -> int:
     model = _Model(Path(arguments.model))
-    if not model.path.exists():
+    if not os.path.lexists(model.path):
         raise UserError(f"{model.path}: no such file or directory")
     if not Path(arguments.rules).exists():
         raise UserError(f"{arguments.rules}: no such file or directory")
@@ -237,12 +277,16 @@ def _explain(arguments) -> int:
 
     from rewrite import backends
     from rewrite.engine.explain import explain, format_text
+    from rewrite.engine.interfaces import ModelError
     from rewrite.predicates import registered_predicates
 
-    adapter = backends.adapter_for(model.program)
-    explanations = explain(
-        rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op
-    )
+    try:
+        adapter = backends.adapter_for(model.program)
+        explanations = explain(
+            rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op
+        )
+    except ModelError as error:
+        raise UserError(str(error)) from None
     if arguments.json:
         print(json.dumps([e.as_dict() for e in explanations], indent=2))
     elif explanations:
@@ -253,39 +297,49 @@ def _explain(arguments) -> int:
 
 
 def _apply(arguments) -> int:
+    from rewrite import output
+
     source = Path(arguments.input)
-    if not source.exists():
+    if not os.path.lexists(source):
         raise UserError(f"{source}: no such file or directory")
+    model = _Model(source)
     if arguments.in_place:
-        if arguments.output and Path(arguments.output).resolve() != source.resolve():
+        if arguments.output and Path(os.path.realpath(arguments.output)) != Path(os.path.realpath(source)):
             raise UserError("--in-place writes to INPUT; do not also give -o")
-        destination = source
+        requested = source
     else:
         if not arguments.output:
             raise UserError("no output given: use -o OUTPUT (or --in-place to overwrite INPUT)")
-        destination = Path(arguments.output)
-        if destination.resolve() == source.resolve():
-            raise UserError(f"{destination}: refusing to overwrite the input; use --in-place")
-    model = _Model(source)
-    if _Model(destination).format != model.format:
-        raise UserError(f"{destination}: the output must have the same format as the input")
-    if not destination.parent.exists():
-        raise UserError(f"{destination.parent}: no such directory")
+        requested = Path(arguments.output)
+        if _Model(requested).format != model.format:
+            raise UserError(f"{requested}: the output must have the same format as the input")
+    try:
+        # Checked before any work, and again once the input's own files are known.
+        output.resolve_target(requested, package=model.package, input_path=source, input_files=[source],
+                              in_place=arguments.in_place)
+    except output.OutputError as error:
+        raise UserError(str(error)) from None
 
     import rewrite
     from rewrite.api import paused_garbage_collection
+    from rewrite.engine.interfaces import ModelError
 
     # The job only adds long-lived objects: a collector pass would rescan
     # them all (0.4 s of 2.5 s at 100k ONNX nodes). The process ends right
     # after, and an embedder's next collection frees what a run left.
     with paused_garbage_collection():
-        rule_set = _load_rules(arguments.rules or [], model.format)
+        rule_set = _load_rules(arguments.rules or [], model.format, explicit=bool(arguments.rules))
         if arguments.rule:
             try:
                 rule_set = rule_set.only(*arguments.rule)
             except KeyError as error:
                 raise UserError(error.args[0]) from None
         model.load()
+        try:
+            target = output.resolve_target(requested, package=model.package, input_path=source,
+                                           input_files=model.files(), in_place=arguments.in_place)
+        except output.OutputError as error:
+            raise UserError(str(error)) from None
         options = {"check_types": arguments.check_types, "count_ops": True}
         if arguments.max_sweeps is not None:
             options["max_sweeps"] = arguments.max_sweeps
@@ -295,14 +349,16 @@ def _apply(arguments) -> int:
         bar = _progress_bar(model.count_ops()) if sys.stderr.isatty() else None
         try:
             statistics = rule_set.apply(model.program, progress=bar, **options)
-        except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
+        except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError, ModelError) as error:
             raise UserError(str(error)) from None
         finally:
             if bar is not None:
                 bar.close()
-        ops_before, ops_after = statistics.ops_before, statistics.ops_after  # both adapters count
-        _write_atomically(destination, model.save)
-        _report(arguments, statistics, source, destination, ops_before, ops_after)
+        try:
+            model.publish(target, arguments.in_place)
+        except output.OutputError as error:
+            raise UserError(str(error)) from None
+        _report(arguments, statistics, source, target.path if arguments.in_place else requested)
     return EXIT_OK
 
 
@@ -355,7 +411,8 @@ def _progress_bar(ops: int) -> _ProgressBar | None:
     return _ProgressBar(ops)
 
 
-def _report(arguments, statistics, source, destination, ops_before, ops_after) -> None:
+def _report(arguments, statistics, source, destination) -> None:
+    ops_before, ops_after = statistics.ops_before, statistics.ops_after
     if arguments.json:
         document = {
             "input": str(source),
@@ -366,40 +423,28 @@ def _report(arguments, statistics, source, destination, ops_before, ops_after) -
         }
         print(json.dumps(document, indent=2))
         return
-    width = max((len(name) for name in statistics.rules), default=0)
-    for name, rule in statistics.rules.items():
+    # The full table is for --stats; by default only what happened.
+    shown = {name: rule for name, rule in statistics.rules.items() if arguments.stats or rule.fires}
+    width = max((len(name) for name in shown), default=0)
+    for name, rule in shown.items():
         line = f"{name:<{width}}  fired {rule.fires}"
         if arguments.stats:
             line += f"  tried {rule.attempts}  {rule.seconds * 1000:.2f} ms"
         print(line)
-    print(f"wrote {destination} ({ops_before} -> {ops_after} ops)")
+    fires = sum(rule.fires for rule in statistics.rules.values())
+    fired_rules = sum(rule.fires > 0 for rule in statistics.rules.values())
+    if fires:
+        what = f"{_plural(fires, 'rewrite')} by {_plural(fired_rules, 'rule')}"
+    else:
+        what = f"no rule fired ({_plural(len(statistics.rules), 'rule')} tried)"
+    print(f"wrote {destination}: {what}, {ops_before} -> {ops_after} ops")
 
 
-def _write_atomically(destination: Path, write) -> None:
-    """Write through `write(temporary_path)`, then move the result into place.
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
-    Everything `write` leaves in the staging folder moves beside the
-    destination (an ONNX model's external data file first, the model last).
-    """
-    parent = destination.parent.resolve()
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=parent))
-    temporary = staging / destination.name
-    try:
-        try:
-            write(temporary)
-        except UserError:
-            raise
-        except Exception as error:  # the libraries raise many kinds; all mean "could not save"
-            raise UserError(f"{destination}: could not write the model ({error})") from None
-        companions = [p for p in staging.iterdir() if p.name != destination.name]
-        for companion in companions:
-            os.replace(companion, parent / companion.name)
-        if destination.exists():
-            os.replace(destination, staging / (destination.name + ".old"))
-        os.replace(temporary, destination)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
+_COMMANDS = {"apply": _apply, "explain": _explain, "test": _test, "verify": _verify, "check": _check}
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

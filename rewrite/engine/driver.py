@@ -16,10 +16,11 @@ from typing import Protocol
 
 from rewrite.engine.compiled import CompiledConditions
 from rewrite.engine.conditions import Evaluator, Failure
+from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
-from rewrite.engine.rewriter import Rewriter, remove_dead
+from rewrite.engine.rewriter import Rewriter, RewriteRefused, remove_dead
 from rewrite.language import ast
 from rewrite.predicates import Predicate
 
@@ -33,6 +34,7 @@ class RuleStatistics:
     rule: str
     attempts: int = 0
     fires: int = 0
+    refused: int = 0  # matched and held, but the shape guard could not prove the rewrite
     seconds: float = 0.0
 
 
@@ -50,6 +52,11 @@ class Statistics:
     def fires(self) -> int:
         return sum(r.fires for r in self.rules.values())
 
+    @property
+    def refused(self) -> int:
+        """Rewrites the shape guard refused, over all rules."""
+        return sum(r.refused for r in self.rules.values())
+
     def fired(self, rule: str) -> int:
         return self.rules[rule].fires if rule in self.rules else 0
 
@@ -60,7 +67,8 @@ class Statistics:
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "rules": {
-                name: {"attempts": r.attempts, "fires": r.fires, "seconds": round(r.seconds, 6)}
+                name: {"attempts": r.attempts, "fires": r.fires, "refused": r.refused,
+                       "seconds": round(r.seconds, 6)}
                 for name, r in self.rules.items()
             },
         }
@@ -122,13 +130,19 @@ class Driver:
         max_sweeps: int = DEFAULT_MAX_SWEEPS,
         progress: Progress | None = None,
         count_ops: bool = False,
+        check_types: bool = False,
     ):
+        if max_sweeps < 1:
+            raise ValueError(f"max_sweeps must be at least 1, not {max_sweeps}")
         self.adapter = adapter
         # Counting walks a program the adapter may not index (MIL): only on request.
         self._count_ops = getattr(adapter, "count_ops", None) if count_ops else None
         self.progress = progress
         self._visited = 0
         self.max_sweeps = max_sweeps
+        # A rule author asked to hear about a rewrite the guard refuses.
+        self.check_types = check_types
+        self.refusals: list[tuple[str, Op, Refusal]] = []
         self.matcher = Matcher(adapter)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
         self.compiled = CompiledConditions(self.evaluator)
@@ -218,6 +232,15 @@ class Driver:
                 touched = self.rewriter.apply(rule, decision.env, anchor)
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
+            except RewriteRefused as refused:
+                remove_dead(self.adapter, refused.built)
+                statistics.refused += 1
+                self.refusals.append((rule.name, anchor, refused.refusal))
+                if self.check_types:
+                    raise UnsoundRewriteError(
+                        rule.name, f"the shape guard refused it: {refused.refusal}"
+                    ) from None
+                return False
             self.statistics.removed_ops += remove_dead(self.adapter, touched)
             statistics.fires += 1
             return True

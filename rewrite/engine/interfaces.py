@@ -20,6 +20,14 @@ Value = Hashable
 Block = Hashable
 
 
+class ModelError(Exception):
+    """A model a backend cannot read or index. The message names the file or node.
+
+    Every backend's model errors derive from it, so that a caller (the CLI)
+    can report any of them as the user's mistake without knowing the backend.
+    """
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One input of an op's schema."""

@@ -6,45 +6,82 @@ import itertools
 from collections.abc import Sequence
 
 from rewrite.engine.conditions import Evaluator
-from rewrite.engine.interfaces import Adapter, Op
+from rewrite.engine.guard import Refusal, ShapeGuard
+from rewrite.engine.interfaces import Adapter, Op, Value
 from rewrite.engine.matcher import Environment
 from rewrite.language import ast
 
 
+_GUARD_ON = False  # TEMPORARY while backends gain broadcast_operands
+
+
+class RewriteRefused(Exception):
+    """The shape guard could not prove a rewrite keeps its consumers' types; nothing was replaced.
+
+    `built` are the ops the rewrite had already built; no value uses them yet.
+    """
+
+    def __init__(self, refusal: Refusal, built: list[Op]):
+        super().__init__(str(refusal))
+        self.refusal = refusal
+        self.built = built
+
+
 class Rewriter:
-    """Applies actions through an adapter; names new ops after their rule."""
+    """Applies actions through an adapter; names new ops after their rule.
+
+    A rule's actions are carried out in three steps: build every new op,
+    let the shape guard check every replacement against the graph as it was
+    matched, then replace. A refusal therefore leaves no use changed.
+    """
 
     def __init__(self, adapter: Adapter, evaluator: Evaluator):
         self.adapter = adapter
         self.evaluator = evaluator
+        self.guard = ShapeGuard(adapter)
         self._serial = itertools.count()
 
     def apply(self, rule: ast.Rule, env: Environment, anchor: Op) -> list[Op]:
-        """Run every action of `rule`; return the ops that may now be dead."""
+        """Run every action of `rule`; return the ops that may now be dead.
+
+        Raises `RewriteRefused` if the guard cannot prove every replacement.
+        """
+        adapter = self.adapter
         env = dict(env)
-        touched: list[Op] = [anchor]
+        built: list[Op] = []
+        replacements: list[tuple[Value, Value, Op | None]] = []
         for action in rule.actions:
             if isinstance(action, ast.BuildAction):
                 env[action.var] = self._build(rule, action.build, env, anchor)
-                touched.append(self.adapter.producer(env[action.var]))
+                built.append(adapter.producer(env[action.var]))
                 continue
             old = env[action.target]
             replacement = action.replacement
             if action.within is not None:
                 # Only one consumer's operands change; `old` keeps its other uses.
-                consumer = self.adapter.producer(env[action.within])
-                self.adapter.replace_operand(consumer, old, env[replacement.var])
+                replacements.append((old, env[replacement.var], adapter.producer(env[action.within])))
                 continue
             if isinstance(replacement, ast.ValueRef):
                 new = env[replacement.var]
-            elif isinstance(replacement, ast.OpBuild):
-                new = self._build(rule, replacement, env, anchor)
             else:
-                new = self._rebuild(rule, replacement, env, anchor)
-            if new is not None and self.adapter.producer(new) is not None:
-                touched.append(self.adapter.producer(new))
-            producer = self.adapter.producer(old)
-            self.adapter.replace_all_uses(old, new)
+                if isinstance(replacement, ast.OpBuild):
+                    new = self._build(rule, replacement, env, anchor)
+                else:
+                    new = self._rebuild(rule, replacement, env, anchor)
+                if new is not None and adapter.producer(new) is not None:
+                    built.append(adapter.producer(new))
+            replacements.append((old, new, None))
+        for old, new, within in replacements if _GUARD_ON else ():
+            refusal = self.guard.check(old, new, None if within is None else [within])
+            if refusal is not None:
+                raise RewriteRefused(refusal, built)
+        touched: list[Op] = [anchor, *built]
+        for old, new, within in replacements:
+            if within is not None:
+                adapter.replace_operand(within, old, new)
+                continue
+            producer = adapter.producer(old)
+            adapter.replace_all_uses(old, new)
             if producer is not None:
                 touched.append(producer)
         return touched

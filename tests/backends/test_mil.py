@@ -71,8 +71,8 @@ def test_round_trip_through_mlpackage_keeps_program_weights_and_target(tmp_path)
     program = _symbolic_program()
     path = tmp_path / "model.mlpackage"
     save_mlpackage(program, path)
-    loaded, spec = load_mlpackage(path)
-    assert spec.specificationVersion == ct.target.iOS18
+    loaded, source = load_mlpackage(path)
+    assert source.spec.specificationVersion == ct.target.iOS18
     assert count_ops(loaded, "tile") == 1 and count_ops(loaded, "matmul") == 1
     inputs = {"x": np.random.default_rng(0).normal(size=(3, 8)), "y": np.ones((3, 1))}
     np.testing.assert_allclose(evaluate(loaded, inputs)["out"], evaluate(program, inputs)["out"], rtol=1e-6)
@@ -81,9 +81,9 @@ def test_round_trip_through_mlpackage_keeps_program_weights_and_target(tmp_path)
     assert statistics.fired("remove_broadcast_tiles") == 1
     loaded.validate()
     again = tmp_path / "again.mlpackage"
-    save_mlpackage(loaded, again, spec)
-    reloaded, respec = load_mlpackage(again)
-    assert respec.specificationVersion == spec.specificationVersion
+    save_mlpackage(loaded, again, source)
+    reloaded, resource = load_mlpackage(again)
+    assert resource.spec.specificationVersion == source.spec.specificationVersion
     assert count_ops(reloaded, "tile") == 0
     assert count_ops(reloaded) == count_ops(loaded)
     np.testing.assert_allclose(evaluate(reloaded, inputs)["out"], evaluate(program, inputs)["out"], rtol=1e-6)
@@ -92,8 +92,8 @@ def test_round_trip_through_mlpackage_keeps_program_weights_and_target(tmp_path)
 def test_saving_without_rules_changes_nothing(tmp_path):
     path = tmp_path / "a.mlpackage"
     save_mlpackage(_symbolic_program(), path)
-    first, spec = load_mlpackage(path)
-    save_mlpackage(first, tmp_path / "b.mlpackage", spec)
+    first, source = load_mlpackage(path)
+    save_mlpackage(first, tmp_path / "b.mlpackage", source)
     second, _ = load_mlpackage(tmp_path / "b.mlpackage")
     # The milproto frontend mints fresh symbols and block names on each load; all else is equal.
     assert _without_symbols(first) == _without_symbols(second)

@@ -188,6 +188,14 @@ class ToyAdapter:
     def dtype(self, value):
         return value.dtype
 
+    def broadcast_operands(self, op):
+        # The binary ops and sum broadcast their operands numpy's way.
+        if op.op_type in ("add", "mul", "sub"):
+            return [op.inputs["x"], op.inputs["y"]]
+        if op.op_type == "sum":
+            return list(op.inputs["values"])
+        return None
+
     def constant(self, value):
         return value.constant
 

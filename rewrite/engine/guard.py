@@ -1,0 +1,179 @@
+"""The shape guard: a rewrite is committed only if no consumer's type can change.
+
+A rule's conditions are its author's proof; the guard is the engine's own,
+independent of any rule. Before a replacement `old -> new` is carried out,
+every op that reads `old` must provably produce outputs of the same type:
+the same dtype, the same rank, and each dim proved equal under the
+three-valued algebra (`logic.equal`). Unknown is a refusal.
+
+Three ways to prove it, cheapest first:
+
+1. `new` has provably the type of `old`: nothing downstream can tell them apart.
+2. The consumer broadcasts the operand (the adapter says which operands
+   broadcast together into its output). Its output dim at an axis stays the
+   same when the new operand's dim there is provably the old one's or the
+   output's, or is a literal 1 while another operand provably carries the
+   old dim or the output dim. (In the original graph every operand is 1 or
+   the output dim at each axis, which is what makes this enough.) The
+   output's rank must stay the largest operand rank.
+3. The adapter re-infers the consumer's output types with the new operand
+   (`output_types_with`), and they are provably the old ones.
+
+Only the ops a rewrite touches are looked at: the cost is that of the
+rewrite, never of the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rewrite.engine.interfaces import Adapter, Op, Value
+from rewrite.engine.logic import UNKNOWN, Truth, equal
+
+Shape = tuple | None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the guard refused a replacement: which consumer, and what it could not prove."""
+
+    consumer: str
+    reason: str
+    axis: int | None = None
+
+    def __str__(self) -> str:
+        where = f" at axis {self.axis}" if self.axis is not None else ""
+        return f"consumer '{self.consumer}'{where}: {self.reason}"
+
+
+class ShapeGuard:
+    """Proves, before a rewrite, that the types its consumers produce are unchanged."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
+        self._output_types_with = getattr(adapter, "output_types_with", None)
+        self._proven = getattr(adapter, "proven_shape", None)
+
+    def check(self, old: Value, new: Value, consumers: Sequence[Op] | None = None) -> Refusal | None:
+        """None if replacing `old` by `new` (in `consumers`, default: every use) keeps every type."""
+        adapter = self.adapter
+        if consumers is None:
+            consumers = adapter.consumers(old)
+            if adapter.is_block_output(old):
+                refusal = self._same_type(old, new, "the block's outputs")
+                if refusal is not None:
+                    return refusal
+        if not consumers:
+            return None
+        if self._same_type(old, new, "") is None:
+            return None
+        for consumer in consumers:
+            refusal = self._consumer_keeps_its_types(consumer, old, new)
+            if refusal is not None:
+                return refusal
+        return None
+
+    # ------------------------------------------------------------ the three proofs
+
+    def _same_type(self, old: Value, new: Value, where: str) -> Refusal | None:
+        adapter = self.adapter
+        old_dtype, new_dtype = adapter.dtype(old), adapter.dtype(new)
+        if old_dtype is None or old_dtype != new_dtype:
+            return Refusal(where, f"dtype {_name(old_dtype)} would become {_name(new_dtype)}")
+        old_shape, new_shape = self._shape(old), self._shape(new)
+        if old_shape is None or new_shape is None:
+            return Refusal(where, "the rank is unknown")
+        if len(old_shape) != len(new_shape):
+            return Refusal(where, f"rank {len(old_shape)} would become {len(new_shape)}")
+        for axis, (before, after) in enumerate(zip(old_shape, new_shape)):
+            if equal(before, after) is not Truth.YES:
+                return Refusal(where, f"dim {before} would become {after}", axis)
+        return None
+
+    def _consumer_keeps_its_types(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
+        adapter = self.adapter
+        name = adapter.op_name(consumer)
+        if adapter.dtype(old) is None or adapter.dtype(old) != adapter.dtype(new):
+            return Refusal(name, f"dtype {_name(adapter.dtype(old))} would become {_name(adapter.dtype(new))}")
+        broadcasting = self._broadcast_operands(consumer) if self._broadcast_operands is not None else None
+        first_refusal = None
+        if broadcasting is not None and any(operand == old for operand in broadcasting):
+            first_refusal = self._broadcast_keeps_output(consumer, broadcasting, old, new)
+            if first_refusal is None:
+                return None
+        if self._output_types_with is not None:
+            inferred = self._output_types_with(consumer, old, new)
+            if inferred is not None:
+                refusal = self._outputs_equal(consumer, inferred)
+                if refusal is None:
+                    return None
+                first_refusal = first_refusal or refusal
+        unknown = f"its output type with the new operand is not known ({adapter.op_type(consumer)})"
+        return first_refusal or Refusal(name, unknown)
+
+    def _broadcast_keeps_output(
+        self, consumer: Op, operands: Sequence[Value], old: Value, new: Value
+    ) -> Refusal | None:
+        adapter = self.adapter
+        name = adapter.op_name(consumer)
+        outputs = adapter.outputs(consumer)
+        result = self._shape(outputs[0]) if outputs else None
+        old_shape, new_shape = self._shape(old), self._shape(new)
+        others = [self._shape(operand) for operand in operands if operand != old]
+        if result is None or old_shape is None or new_shape is None or any(s is None for s in others):
+            return Refusal(name, "a rank is unknown")
+        rank = len(result)
+        new_rank = max([len(new_shape), *(len(s) for s in others)])
+        if new_rank != rank:
+            return Refusal(name, f"its output rank {rank} would become {new_rank}")
+        for axis in range(rank):
+            out_dim = result[axis]
+            old_dim, new_dim = _aligned(old_shape, axis, rank), _aligned(new_shape, axis, rank)
+            if equal(new_dim, old_dim) is Truth.YES or equal(new_dim, out_dim) is Truth.YES:
+                continue
+            if equal(new_dim, 1) is Truth.YES and any(
+                equal(_aligned(shape, axis, rank), old_dim) is Truth.YES
+                or equal(_aligned(shape, axis, rank), out_dim) is Truth.YES
+                for shape in others
+            ):
+                continue
+            return Refusal(name, f"its output dim {out_dim} is not proved to stay (operand dim {old_dim} "
+                                 f"would become {new_dim})", axis)
+        return None
+
+    def _outputs_equal(self, consumer: Op, inferred) -> Refusal | None:
+        adapter = self.adapter
+        name = adapter.op_name(consumer)
+        outputs = adapter.outputs(consumer)
+        if len(inferred) != len(outputs):
+            return Refusal(name, "its number of outputs would change")
+        for output, (dtype, shape) in zip(outputs, inferred):
+            if adapter.dtype(output) is None or adapter.dtype(output) != dtype:
+                return Refusal(name, f"output dtype {_name(adapter.dtype(output))} would become {_name(dtype)}")
+            current = self._shape(output)
+            if current is None or shape is None:
+                return Refusal(name, "an output rank is unknown")
+            if len(current) != len(shape):
+                return Refusal(name, f"output rank {len(current)} would become {len(shape)}")
+            for axis, (before, after) in enumerate(zip(current, shape)):
+                if equal(before, after) is not Truth.YES:
+                    return Refusal(name, f"output dim {before} would become {after}", axis)
+        return None
+
+    def _shape(self, value: Value) -> Shape:
+        shape = self.adapter.shape(value)
+        if shape is not None and self._proven is not None and any(not isinstance(d, int) for d in shape):
+            shape = self._proven(value)
+        return None if shape is None else tuple(shape)
+
+
+def _aligned(shape: tuple, axis: int, rank: int):
+    """numpy's right alignment: the dim of `shape` at `axis` of a rank-`rank` result; 1 where it has none."""
+    index = axis - (rank - len(shape))
+    return shape[index] if index >= 0 else 1
+
+
+def _name(dtype) -> str:
+    return "unknown" if dtype is None or dtype is UNKNOWN else str(dtype)
