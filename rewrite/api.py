@@ -24,6 +24,7 @@ class RuleSet:
     rules: tuple[ast.Rule, ...]
     warnings: tuple[Diagnostic, ...] = ()
     files: tuple[str, ...] = ()
+    skipped_files: tuple[tuple[str, str], ...] = ()  # (path, dialect) of files of another dialect
 
     def for_dialect(self, dialect: str) -> tuple[ast.Rule, ...]:
         return tuple(rule for rule in self.rules if rule.dialect == dialect)
@@ -34,7 +35,7 @@ class RuleSet:
         for name in names:
             if name not in known:
                 raise KeyError(f"no rule named '{name}'")
-        return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files)
+        return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files, self.skipped_files)
 
     def apply(
         self,
@@ -115,7 +116,7 @@ def load_rules(*paths: str | Path, dialects: Sequence[str] | None = None) -> Rul
     loaded = load_rule_files(
         paths, backends.schema_for, predicates, dialects=dialects, known_dialects=backends.dialects()
     )
-    return RuleSet(loaded.rules, loaded.warnings, loaded.files)
+    return RuleSet(loaded.rules, loaded.warnings, loaded.files, loaded.skipped_files)
 
 
 def shipped_rules_path() -> Path:

@@ -120,8 +120,8 @@ def _load_rules(paths, dialect: str | None, explicit: bool = True):
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
-    skipped = getattr(rule_set, "skipped_files", ())
-    if explicit and skipped and dialect is not None:
+    skipped = rule_set.skipped_files
+    if skipped and dialect is not None and (explicit or not rule_set.rules):
         # Rules the user named that cannot apply are a likely mistake: say so.
         others = sorted({other for _, other in skipped})
         names = ", ".join(path for path, _ in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
@@ -270,7 +270,8 @@ def _explain(arguments) -> int:
         raise UserError(f"{model.path}: no such file or directory")
     if not Path(arguments.rules).exists():
         raise UserError(f"{arguments.rules}: no such file or directory")
-    rule_set = _load_rules([arguments.rules], model.format)
+    # A folder of both dialects is the usual thing to explain with: no note.
+    rule_set = _load_rules([arguments.rules], model.format, explicit=False)
     if arguments.rule and arguments.rule not in {r.name for r in rule_set.rules}:
         raise UserError(f"no rule named '{arguments.rule}' for {model.format} in {arguments.rules}")
     model.load()

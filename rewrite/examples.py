@@ -16,6 +16,7 @@ import numpy as np
 
 from rewrite import backends
 from rewrite.api import RuleSet
+from rewrite.engine.driver import UnsoundRewriteError
 from rewrite.engine.interfaces import NamedValue
 from rewrite.language import ast
 from rewrite.language.types import NAMED_CONSTANTS
@@ -55,11 +56,17 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
     program = backend.build_example(inputs, example_ops(example.statements), outputs)
     original = backend.copy_program(program)
     before = canonical(backends.adapter_for(program))
-    statistics = RuleSet((rule,)).apply(program)
-    after = canonical(backends.adapter_for(program))
 
     def result(passed: bool, message: str = "") -> ExampleResult:
         return ExampleResult(rule.name, example.description, str(example.span), passed, message)
+
+    try:
+        # Checked: a rule whose own conditions let through what the engine's
+        # shape guard then refuses is wrong, even where the guard saves the model.
+        statistics = RuleSet((rule,)).apply(program, check_types=True)
+    except UnsoundRewriteError as error:
+        return result(False, str(error))
+    after = canonical(backends.adapter_for(program))
 
     if example.expected is None:
         if statistics.fires or after != before:

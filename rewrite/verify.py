@@ -24,6 +24,7 @@ import numpy as np
 
 from rewrite import backends
 from rewrite.api import RuleSet
+from rewrite.engine.driver import UnsoundRewriteError
 from rewrite.engine.interfaces import NamedValue
 from rewrite.examples import example_ops
 from rewrite.language import ast
@@ -414,7 +415,13 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     objecting = getattr(backend, "semantic_problems", lambda program: [])
     before = {problem.key for problem in objecting(program)}
     try:
-        statistics = RuleSet((rule,)).apply(program)
+        # Checked: a rewrite the engine's shape guard refuses is the rule's
+        # own soundness failing, hidden in a normal run by the guard.
+        statistics = RuleSet((rule,)).apply(program, check_types=True)
+    except UnsoundRewriteError as error:
+        if not _runs_somewhere(backend, original, instance):
+            return False, None  # not a valid graph to begin with: not an instance
+        return True, f"the rule fired where its consumers' types are not proved to stay: {error}"
     except Exception as error:  # the IR refused what the rule built: a counterexample
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return True, f"the rewrite fails: {type(error).__name__}: {first}"
@@ -454,6 +461,22 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
             if not same:
                 return True, f"output '{name}' changed value at {binding}"
     return compared > 0, None
+
+
+def _runs_somewhere(backend, program, instance: Instance) -> bool:
+    """Whether `program` evaluates at any of the bindings tried."""
+    rng = np.random.default_rng(0)
+    for binding in BINDINGS:
+        feeds = {}
+        for name, dtype, dims in instance.inputs:
+            shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
+            feeds[name] = _random_array(rng, dtype, shape)
+        try:
+            backend.evaluate_example(program, feeds)
+        except Exception:
+            continue
+        return True
+    return False
 
 
 def _random_array(rng, dtype: str, shape) -> np.ndarray:

@@ -245,7 +245,9 @@ def test_a_hard_link_to_the_input_is_the_input(tmp_path, onnx_input):
     assert folder_state(tmp_path) == before
 
 
-@pytest.mark.parametrize("name", ["with space.onnx", "-dash.onnx", "ünï€ode.onnx", "new\nline.onnx", "x" * 250 + ".onnx"])
+@pytest.mark.parametrize(
+    "name", ["with space.onnx", "-dash.onnx", "ünï€ode.onnx", "new\nline.onnx", "x" * 250 + ".onnx"]
+)
 def test_awkward_names(tmp_path, onnx_input, name):
     output = tmp_path / name
     result = run("apply", onnx_input, "-o", output)

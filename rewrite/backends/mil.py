@@ -363,8 +363,24 @@ class MilAdapter:
             return self.proven_shape(op.inputs["ref_tensor"])
         if kind in _LAYOUT:
             return self._layout_shape(op)
+        if kind == "matmul":
+            return self._matmul_shape(op)
         rank = None if inferred is None else len(inferred)
         return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
+
+    def _matmul_shape(self, op: Operation):
+        """A matmul's output dims: its operands' batch axes broadcast, then rows of x by columns of y."""
+        x, y = self.proven_shape(op.inputs["x"]), self.proven_shape(op.inputs["y"])
+        if x is None or y is None or len(x) < 2 or len(y) < 2:
+            return None  # a vector operand: rare enough to leave to coremltools' own type
+        transpose_x = op.inputs.get("transpose_x")
+        transpose_y = op.inputs.get("transpose_y")
+        rows = x[-1] if transpose_x is not None and transpose_x.val else x[-2]
+        columns = y[-2] if transpose_y is not None and transpose_y.val else y[-1]
+        try:
+            return (*broadcast_shapes(x[:-2], y[:-2]), rows, columns)
+        except IncompatibleShapes:
+            return None
 
     def _layout_shape(self, op: Operation):
         """The output dims of a reduction, expand_dims, squeeze, tile or transpose from x's."""
@@ -472,6 +488,45 @@ class MilAdapter:
             return types.builtin_to_string(value.dtype)
         except Exception:  # list and state types have no element dtype
             return None
+
+    def broadcast_operands(self, op: Operation) -> list[Var] | None:
+        """The operands an elementwise op (or select) broadcasts together into its output."""
+        kind = op.op_type
+        if kind in _BINARY_BROADCASTING:
+            return [op.inputs["x"], op.inputs["y"]]
+        if kind == "select":
+            return [op.inputs["cond"], op.inputs["a"], op.inputs["b"]]
+        return None
+
+    def output_types_with(self, op: Operation, old: Var, new: Var):
+        """The (dtype, dims) of `op`'s outputs were `old` replaced by `new`, by the op's own
+        type inference; None if it cannot say. The op is left as it was."""
+        if op.blocks:
+            return None  # control flow types its outputs by its blocks, which do not change here
+        inputs = op._input_vars
+        swapped = {
+            name: (tuple(new if v is old else v for v in value) if isinstance(value, (list, tuple))
+                   else (new if value is old else value))
+            for name, value in inputs.items()
+        }
+        try:
+            op._input_vars = swapped
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                inferred = op.type_inference()
+        except Exception:  # the op rejects the new operand: not provably the same
+            return None
+        finally:
+            op._input_vars = inputs
+        inferred = inferred if isinstance(inferred, tuple) else (inferred,)
+        result = []
+        for sym_type in inferred:
+            try:
+                dtype = types.builtin_to_string(sym_type.get_primitive() if types.is_tensor(sym_type) else sym_type)
+            except Exception:
+                dtype = None
+            result.append((dtype, _shape_of_type(sym_type)))
+        return result
 
     def constant(self, value: Var):
         val = value.val
@@ -667,7 +722,9 @@ _REDUCTIONS = frozenset(
     "reduce_log_sum_exp reduce_sum_square".split()
 )
 _LAYOUT = _REDUCTIONS | {"expand_dims", "squeeze", "tile", "transpose"}
-_SHAPE_FOLLOWS = _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | {"select", "fill", "fill_like", "reshape"}
+_SHAPE_FOLLOWS = (
+    _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | {"select", "fill", "fill_like", "reshape", "matmul"}
+)
 
 
 def _shape_operands(op: Operation) -> list:
@@ -682,6 +739,8 @@ def _shape_operands(op: Operation) -> list:
         return [inputs["ref_tensor"]]
     if kind in _LAYOUT:
         return [inputs["x"]]
+    if kind == "matmul":
+        return [inputs["x"], inputs["y"]]
     return []
 _SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 _SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})

@@ -24,13 +24,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rewrite.backends import onnx_shapes
-from rewrite.engine.interfaces import InputSpec, NamedValue, OpSignature
+from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature
 
 DIALECT = "onnx"
 
 
-class OnnxError(Exception):
-    """An ONNX model could not be read or written."""
+class OnnxError(ModelError):
+    """An ONNX model could not be read, indexed or written; the message names the file, node or value."""
 
 
 # ---------------------------------------------------------------- op schema
@@ -146,12 +146,15 @@ class Node:
 class Graph:
     """A GraphProto and the names it defines; `parent` is the enclosing scope."""
 
-    __slots__ = ("proto", "parent", "owner", "nodes", "values", "outputs", "inserted", "added", "dirty")
+    __slots__ = (
+        "proto", "parent", "owner", "attribute", "nodes", "values", "outputs", "inserted", "added", "dirty",
+    )
 
-    def __init__(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None):
+    def __init__(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None, attribute: str = ""):
         self.proto = proto
         self.parent = parent
         self.owner = owner
+        self.attribute = attribute  # the owner's attribute holding it, for messages
         self.nodes: list[Node] = []
         self.values: dict[str, Value] = {}
         self.outputs: list[Value | None] = []
@@ -191,16 +194,31 @@ class OnnxAdapter:
 
     # ---- building the index
 
-    def _index_graph(self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None) -> Graph:
-        graph = Graph(proto, parent, owner)
+    def _index_graph(
+        self, proto: onnx.GraphProto, parent: Graph | None, owner: Node | None, attribute: str = ""
+    ) -> Graph:
+        """Index one graph, its subgraphs included, refusing what is not valid ONNX.
+
+        The validation falls out of the one pass: a name that does not resolve
+        when read is read out of topological order (a cycle is one) or never
+        defined; fewer names than definitions means one was defined twice,
+        against single assignment. What went wrong is worked out only then.
+        """
+        graph = Graph(proto, parent, owner, attribute)
         declared = {info.name: info for info in proto.value_info}
         for info in proto.input:
+            if info.name in graph.values:
+                raise OnnxError(f"graph input '{info.name}'{_scope(graph)} is declared twice")
             value = self._define(graph, info.name, None)
             # Only the model's own inputs are the user's declaration; a
             # subgraph's (Loop and Scan bodies) were written by an exporter.
             onnx_shapes.declare(value, info, trusted=parent is None)
         for tensor in proto.initializer:
-            value = graph.values.get(tensor.name) or self._define(graph, tensor.name, None)
+            value = graph.values.get(tensor.name)
+            if value is None:
+                value = self._define(graph, tensor.name, None)
+            elif value.initializer is not None:
+                raise OnnxError(f"initializer '{tensor.name}'{_scope(graph)} is given twice")
             value.initializer = tensor
             value.shape = tuple(int(d) for d in tensor.dims)
             value.dtype = onnx_shapes.dtype_name(tensor.data_type)
@@ -209,6 +227,9 @@ class OnnxAdapter:
         find = graph.values.get if parent is None else graph.lookup
         values = graph.values
         nodes = graph.nodes
+        # Counting definitions costs less than looking each new name up first
+        # (a measured 1% of indexing at 1M nodes), and tells the same.
+        defined = len(values)
         # A standard op that no opset gave a graph attribute carries no
         # subgraph; reading its attributes anyway would make protobuf keep a
         # container for them (30 MB at 100k nodes). Unknown ops are read.
@@ -224,29 +245,37 @@ class OnnxAdapter:
                     continue
                 value = find(name)
                 if value is None:
-                    label = node_proto.name or node_proto.op_type
-                    raise OnnxError(f"node '{label}' uses '{name}', which is never defined")
+                    raise _undefined_input(graph, node_proto, len(nodes), name)
                 inputs.append(value)
                 value.uses.append(node)
             node.inputs = tuple(inputs)
+            # Subgraphs before the node's own outputs: a body that reads what
+            # its node produces is a cycle, so those names must not resolve.
+            if node.type not in flat and len(node_proto.attribute):
+                blocks = []
+                for attribute_proto in node_proto.attribute:
+                    if attribute_proto.type == onnx.AttributeProto.GRAPH:
+                        blocks.append(self._index_graph(attribute_proto.g, graph, node, attribute_proto.name))
+                    elif attribute_proto.type == onnx.AttributeProto.GRAPHS:
+                        blocks.extend(
+                            self._index_graph(g, graph, node, attribute_proto.name) for g in attribute_proto.graphs
+                        )
+                node.blocks = tuple(blocks)
             outputs = []
             for name in node_proto.output[:]:
                 if name:
                     value = Value(name, graph, node)
                     values[name] = value
                     outputs.append(value)
+                    defined += 1
                 else:
                     outputs.append(None)
             node.outputs = tuple(outputs)
-            if node.type not in flat and len(node_proto.attribute):
-                blocks = []
-                for attribute in node_proto.attribute:
-                    if attribute.type == onnx.AttributeProto.GRAPH:
-                        blocks.append(self._index_graph(attribute.g, graph, node))
-                    elif attribute.type == onnx.AttributeProto.GRAPHS:
-                        blocks.extend(self._index_graph(g, graph, node) for g in attribute.graphs)
-                node.blocks = tuple(blocks)
             nodes.append(node)
+        if len(values) != defined:
+            raise _defined_twice(graph)
+        if parent is not None:
+            _check_no_shadowing(graph)
         for name, info in declared.items():
             value = graph.values.get(name)
             if value is not None:
@@ -254,7 +283,7 @@ class OnnxAdapter:
         for info in proto.output:
             value = graph.lookup(info.name)
             if value is None:
-                raise OnnxError(f"graph output '{info.name}' is never defined")
+                raise OnnxError(f"graph output '{info.name}'{_scope(graph)} is not defined")
             graph.outputs.append(value)
             value.output_of += (graph,)
             onnx_shapes.declare(value, info, trusted=False)
@@ -332,11 +361,16 @@ class OnnxAdapter:
     def attribute(self, op: Node, name: str):
         for attribute in op.proto.attribute:
             if attribute.name == name:
+                if attribute.type == onnx.AttributeProto.UNDEFINED:
+                    raise OnnxError(f"{_label(op)}: attribute '{name}' has no type")
                 value = helper.get_attribute_value(attribute)
+                if isinstance(value, onnx.TensorProto):
+                    try:
+                        value = onnx_shapes.read_tensor(value, self.base_dir).tolist()
+                    except onnx_shapes.UnreadableTensor as error:
+                        raise OnnxError(f"{_label(op)}: attribute '{name}' cannot be read ({error})") from None
                 if isinstance(value, bytes):
                     return value.decode("utf-8", "replace")
-                if isinstance(value, onnx.TensorProto):
-                    return numpy_helper.to_array(value).tolist()
                 if isinstance(value, (list, tuple)):
                     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
                 return value
@@ -362,9 +396,33 @@ class OnnxAdapter:
     def dtype(self, value: Value) -> str | None:
         return value.dtype
 
+    def broadcast_operands(self, op: Node) -> tuple[Value, ...] | None:
+        """The operands an op broadcasts multidirectionally into its output, at this model's opset.
+
+        An op broadcasts that way only from the version that says so: Add and
+        its kind from opset 7 (before, only one way and with an attribute),
+        Sum, Max, Min and Mean from 8. Anything else, or an op of another
+        domain, is None.
+        """
+        if op.proto.domain not in ("", "ai.onnx"):
+            return None
+        since = _MULTIDIRECTIONAL_SINCE.get(op.type)
+        if since is None or self.opset < since:
+            return None
+        return tuple(value for value in op.inputs if value is not None)
+
     def constant(self, value: Value):
         if value._constant is None:
-            value._constant = onnx_shapes.constant_of(value, self.base_dir)
+            try:
+                value._constant = onnx_shapes.constant_of(value, self.base_dir)
+            except onnx_shapes.UnreadableTensor as error:
+                # Checked only here, when a tensor is first read: checking every
+                # tensor up front would read all the weights of a big model.
+                where = (
+                    f"initializer '{value.name}'{_scope(value.graph)}" if value.producer is None
+                    else f"{_label(value.producer)}: its value '{value.name}'"
+                )
+                raise OnnxError(f"{where} cannot be read ({error})") from None
         return value._constant
 
     def value_name(self, value: Value) -> str:
@@ -644,6 +702,88 @@ def _collect_names(graph: onnx.GraphProto, names: set[str]) -> None:
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for subgraph in attribute.graphs:
                     _collect_names(subgraph, names)
+
+
+# The opset from which each op broadcasts all its operands numpy's way.
+_MULTIDIRECTIONAL_SINCE = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"), 7),
+    **dict.fromkeys(("Sum", "Max", "Min", "Mean"), 8),
+    "Where": 9, "Mod": 10, "BitShift": 11, "GreaterOrEqual": 12, "LessOrEqual": 12,
+    **dict.fromkeys(("BitwiseAnd", "BitwiseOr", "BitwiseXor"), 18),
+}
+
+
+# ---- messages for a model that is not valid ONNX (built only when one is found)
+
+
+def _node_label(proto: onnx.NodeProto, position: int) -> str:
+    kind = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
+    return f"node '{proto.name}' ({kind})" if proto.name else f"node #{position} ({kind})"
+
+
+def _label(node: Node) -> str:
+    """The node as a user finds it in a viewer: its name, else its position, and where it sits."""
+    nodes = node.graph.nodes
+    # A node whose subgraph is being indexed is not in its list yet: it is next.
+    position = next((i for i, other in enumerate(nodes) if other is node), len(nodes))
+    return _node_label(node.proto, position) + _scope(node.graph)
+
+
+def _scope(graph: Graph) -> str:
+    """Where a subgraph sits (' in 'body' of node 'loop' (Loop)'); nothing for the main graph."""
+    if graph.owner is None:
+        return ""
+    return f" in '{graph.attribute}' of {_label(graph.owner)}"
+
+
+def _definer(value: Value) -> str:
+    if value.producer is not None:
+        return _label(value.producer)
+    if value.initializer is not None and all(info.name != value.name for info in value.graph.proto.input):
+        return f"the initializer{_scope(value.graph)}"
+    return f"the graph input{_scope(value.graph)}"
+
+
+def _undefined_input(graph: Graph, proto: onnx.NodeProto, position: int, name: str) -> OnnxError:
+    reader = _node_label(proto, position) + _scope(graph)
+    # Anything defining it in reach was not indexed yet, so it comes later.
+    scope: Graph | None = graph
+    while scope is not None:
+        if any(name in other.output for other in scope.proto.node):
+            return OnnxError(
+                f"{reader} reads '{name}' before any node defines it (nodes out of topological order, or a cycle)"
+            )
+        scope = scope.parent
+    return OnnxError(f"{reader} reads '{name}', which nothing defines")
+
+
+def _defined_twice(graph: Graph) -> OnnxError:
+    """The first name of `graph` a node defines again, with both definers."""
+    where = _scope(graph)
+    inputs = {info.name for info in graph.proto.input}
+    first: dict[str, str] = {name: f"the graph input{where}" for name in inputs}
+    for tensor in graph.proto.initializer:
+        first.setdefault(tensor.name, f"the initializer{where}")
+    for position, proto in enumerate(graph.proto.node):
+        for name in proto.output:
+            if not name:
+                continue
+            definer = _node_label(proto, position) + where
+            if name in first:
+                return OnnxError(f"value '{name}' is defined twice, by {first[name]} and by {definer}")
+            first[name] = definer
+    return OnnxError(f"a value{where} is defined twice")  # not reached: the count said so
+
+
+def _check_no_shadowing(graph: Graph) -> None:
+    # ONNX forbids a subgraph's nodes to redefine a name of an enclosing
+    # scope (its inputs may). The enclosing scopes hold, at this point,
+    # exactly the names defined before the subgraph's node.
+    for name, value in graph.values.items():
+        if value.producer is not None:
+            outer = graph.parent.lookup(name)
+            if outer is not None:
+                raise OnnxError(f"value '{name}' is defined twice, by {_definer(outer)} and by {_definer(value)}")
 
 
 # ---------------------------------------------------------------- files

@@ -45,6 +45,15 @@ def dtype_name(elem_type: int) -> str | None:
     return _DTYPE_NAMES.get(elem_type)
 
 
+# The element types onnx can turn into arrays (its own table, read once).
+_NUMPY_TYPES = frozenset(onnx.helper.get_all_tensor_dtypes())
+# Those stored two to a byte, whose raw size is not elements times item size.
+_PACKED_TYPES = frozenset(
+    getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, name)
+)
+
+
 # ---------------------------------------------------------------- declarations
 
 
@@ -69,25 +78,75 @@ def declare(value: Value, info: onnx.ValueInfoProto, trusted: bool) -> None:
     value.shape = tuple(shape)
 
 
+class UnreadableTensor(Exception):
+    """A tensor whose bytes do not hold what its header declares; the message says why."""
+
+
+def read_tensor(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    """The tensor's array; `UnreadableTensor` if its data type or size is not what it claims."""
+    if tensor.data_type not in _NUMPY_TYPES:
+        raise UnreadableTensor(f"unknown data type {tensor.data_type}")
+    try:
+        return numpy_helper.to_array(tensor, base_dir or "")
+    except Exception as error:  # onnx and numpy raise several kinds for corrupt data
+        raise UnreadableTensor(_why_unreadable(tensor, error)) from None
+
+
+def _why_unreadable(tensor: onnx.TensorProto, error: Exception) -> str:
+    # numpy's own words ("buffer size must be a multiple of element size")
+    # do not say which sizes disagree; for plain raw data they can be told.
+    plain = tensor.data_type not in _PACKED_TYPES and tensor.data_type != onnx.TensorProto.STRING
+    if plain and tensor.HasField("raw_data") and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if any(d < 0 for d in tensor.dims):
+            return f"its shape {list(tensor.dims)} has a negative dimension"
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        needed = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        if len(tensor.raw_data) != needed:
+            return f"its raw data holds {len(tensor.raw_data)} bytes where its shape and type need {needed}"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+# The Constant attributes that hold a number or tensor, with the type each must have.
+_CONSTANT_ATTRIBUTES = {
+    "value": onnx.AttributeProto.TENSOR,
+    "value_int": onnx.AttributeProto.INT,
+    "value_float": onnx.AttributeProto.FLOAT,
+    "value_ints": onnx.AttributeProto.INTS,
+    "value_floats": onnx.AttributeProto.FLOATS,
+}
+
+
+def _constant_attribute(node: Node) -> onnx.AttributeProto | None:
+    # One of the wrong type breaks the schema; not understanding it, the
+    # engine treats the value as unknown and leaves it alone.
+    for attribute in node.proto.attribute:
+        if _CONSTANT_ATTRIBUTES.get(attribute.name) == attribute.type:
+            return attribute
+    return None
+
+
 def constant_of(value: Value, base_dir: str | None) -> np.ndarray | None:
-    """The value's compile-time constant: an initializer or a Constant node's value."""
+    """The value's compile-time constant: an initializer or a Constant node's value.
+
+    Raises `UnreadableTensor` for a tensor whose data is corrupt.
+    """
     if value.initializer is not None:
         # An initializer of the main graph that is also a graph input can be
         # overridden at run time: not a constant.
         if any(info.name == value.name for info in value.graph.proto.input):
             return None
-        return numpy_helper.to_array(value.initializer, base_dir or "")
+        return read_tensor(value.initializer, base_dir)
     node = value.producer
     if node is None or node.type != "Constant":
         return None
-    for attribute in node.proto.attribute:
-        if attribute.name == "value":
-            return numpy_helper.to_array(attribute.t)
-        if attribute.name in ("value_int", "value_float"):
-            return np.asarray(onnx.helper.get_attribute_value(attribute))
-        if attribute.name in ("value_ints", "value_floats"):
-            return np.asarray(list(onnx.helper.get_attribute_value(attribute)))
-    return None
+    attribute = _constant_attribute(node)
+    if attribute is None:
+        return None
+    if attribute.type == onnx.AttributeProto.TENSOR:
+        return read_tensor(attribute.t, base_dir)
+    found = onnx.helper.get_attribute_value(attribute)
+    return np.asarray(found if attribute.type in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT) else list(found))
 
 
 # ---------------------------------------------------------------- inference
@@ -114,7 +173,7 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
             results = rule(adapter, node)
         except dims.IncompatibleShapes:
             results = None
-        except (IndexError, ValueError, TypeError):
+        except _MALFORMED:
             results = None  # a malformed node; its shapes stay unknown
     outputs = node.outputs
     if None in outputs:
@@ -131,8 +190,17 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
         if contents is not None and outputs:
             try:
                 outputs[0].contents = contents(adapter, node)
-            except (IndexError, ValueError, TypeError):
+            except _MALFORMED:
                 outputs[0].contents = None
+
+
+# What a rule meets in a node that breaks its schema (an axis out of range,
+# an attribute of the wrong type, too few inputs). A corrupt tensor is not
+# among them: the adapter reports that as an `OnnxError` naming the node.
+_MALFORMED = (ArithmeticError, AttributeError, LookupError, StopIteration, TypeError, ValueError)
+
+# Beyond any rank a real model has (the contents of shape values stop at 64 too).
+_MAX_RANK = 64
 
 
 def _merge(inferred, declared):
@@ -151,6 +219,10 @@ def _merge(inferred, declared):
 
 def _contents_from_constant(adapter: OnnxAdapter, value: Value) -> None:
     if value.dtype not in ("int64", "int32"):
+        return
+    # Judged from the header, so that no big tensor is read only to be dropped.
+    shape = value.shape
+    if shape is not None and (len(shape) > 1 or (shape and is_literal(shape[0]) and shape[0] > 64)):
         return
     constant = adapter.constant(value)
     if constant is None or constant.ndim > 1 or constant.size > 64:
@@ -221,10 +293,20 @@ def _expand(adapter, node):
         return [(None, _dtype(node))]
     if target.contents is not None:
         return [(dims.broadcast_shapes(shape, target.contents), _dtype(node))]
-    if target.shape is not None and len(target.shape) == 1 and is_literal(target.shape[0]):
-        rank = max(len(shape), int(target.shape[0]))
-        return [((UNKNOWN,) * rank, _dtype(node))]
+    length = _vector_length(target)
+    if length is not None:
+        return [((UNKNOWN,) * max(len(shape), length), _dtype(node))]
     return [(None, _dtype(node))]
+
+
+def _vector_length(value: Value) -> int | None:
+    """How many dims a 1-D shape operand holds, if known and plausible as a rank."""
+    shape = value.shape
+    if shape is None or len(shape) != 1 or not is_literal(shape[0]):
+        return None
+    # A declared length in the billions is a corrupt declaration, not a rank;
+    # taken at its word it would build a tuple that long.
+    return int(shape[0]) if 0 <= shape[0] <= _MAX_RANK else None
 
 
 def _tile(adapter, node):
@@ -265,18 +347,20 @@ def _cast(adapter, node):
 
 
 def _constant(adapter, node):
-    value = node.outputs[0]
-    constant = constant_of(value, adapter.base_dir)
-    if constant is None:
+    # From the header alone: the data is read (and checked) only if its
+    # contents are wanted.
+    attribute = _constant_attribute(node)
+    if attribute is None:
         return [(None, None)]
-    return [(tuple(int(d) for d in constant.shape), _numpy_dtype_name(constant.dtype))]
-
-
-def _numpy_dtype_name(dtype) -> str | None:
-    try:
-        return dtype_name(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-    except (KeyError, TypeError, ValueError):
-        return None
+    kind = attribute.type
+    if kind == onnx.AttributeProto.TENSOR:
+        shape = tuple(int(d) for d in attribute.t.dims)
+        return [(None if any(d < 0 for d in shape) else shape, dtype_name(attribute.t.data_type))]
+    if kind == onnx.AttributeProto.INTS:
+        return [((len(attribute.ints),), "int64")]
+    if kind == onnx.AttributeProto.FLOATS:
+        return [((len(attribute.floats),), "fp32")]
+    return [((), "int64" if kind == onnx.AttributeProto.INT else "fp32")]
 
 
 def _constant_of_shape(adapter, node):
@@ -485,8 +569,9 @@ def _range(adapter, node):
 def _reshape(adapter, node):
     shape, target = _shape(node, 0), _in(node, 1)
     if target is None or target.contents is None:
-        if target is not None and target.shape is not None and len(target.shape) == 1 and is_literal(target.shape[0]):
-            return [((UNKNOWN,) * int(target.shape[0]), _dtype(node))]
+        length = None if target is None else _vector_length(target)
+        if length is not None:
+            return [((UNKNOWN,) * length, _dtype(node))]
         return [(None, _dtype(node))]
     allow_zero = _attr(node, "allowzero", 0)
     result = []

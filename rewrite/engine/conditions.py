@@ -605,6 +605,16 @@ def _same_block(adapter, value, other):
     return Truth.of(adapter.defining_block(value) == adapter.defining_block(other))
 
 
+def _broadcasts(adapter, value):
+    op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
+    if op is None:
+        return Truth.NO
+    broadcast_operands = getattr(adapter, "broadcast_operands", None)
+    if broadcast_operands is None:
+        return Truth.UNKNOWN
+    return Truth.of(broadcast_operands(op) is not None)
+
+
 def _op_type(adapter, value):
     op = adapter.producer(value) if value is not None else None
     return UNKNOWN if op is None else adapter.op_type(op)
@@ -879,6 +889,7 @@ _BUILTINS: dict[str, Callable] = {
     "one_use": _one_use,
     "block_output": _block_output,
     "same_block": _same_block,
+    "broadcasts": _broadcasts,
     "op_type": _op_type,
     "attribute": _attribute,
     "contains": _contains,

@@ -14,8 +14,9 @@ Three ways to prove it, cheapest first:
    same when the new operand's dim there is provably the old one's or the
    output's, or is a literal 1 while another operand provably carries the
    old dim or the output dim. (In the original graph every operand is 1 or
-   the output dim at each axis, which is what makes this enough.) The
-   output's rank must stay the largest operand rank.
+   the output dim at each axis, which is what makes this enough.) A dim
+   that was a literal 1 may also become what another operand has there.
+   The output's rank must stay the largest operand rank.
 3. The adapter re-infers the consumer's output types with the new operand
    (`output_types_with`), and they are provably the old ones.
 
@@ -139,6 +140,10 @@ class ShapeGuard:
                 for shape in others
             ):
                 continue
+            if equal(old_dim, 1) is Truth.YES and any(
+                equal(_aligned(shape, axis, rank), new_dim) is Truth.YES for shape in others
+            ):
+                continue  # widened to what another operand already has there, which is 1 or the output's
             return Refusal(name, f"its output dim {out_dim} is not proved to stay (operand dim {old_dim} "
                                  f"would become {new_dim})", axis)
         return None

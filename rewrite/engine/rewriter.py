@@ -12,9 +12,6 @@ from rewrite.engine.matcher import Environment
 from rewrite.language import ast
 
 
-_GUARD_ON = False  # TEMPORARY while backends gain broadcast_operands
-
-
 class RewriteRefused(Exception):
     """The shape guard could not prove a rewrite keeps its consumers' types; nothing was replaced.
 
@@ -71,7 +68,7 @@ class Rewriter:
                 if new is not None and adapter.producer(new) is not None:
                     built.append(adapter.producer(new))
             replacements.append((old, new, None))
-        for old, new, within in replacements if _GUARD_ON else ():
+        for old, new, within in replacements:
             refusal = self.guard.check(old, new, None if within is None else [within])
             if refusal is not None:
                 raise RewriteRefused(refusal, built)

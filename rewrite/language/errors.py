@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from rewrite.language.ast import Span
 
+# A longer source line is shown as this many characters around the caret, so
+# that a rule written on one enormous line does not flood the terminal.
+_SHOWN_WIDTH = 100
+
 
 @dataclass(frozen=True)
 class Diagnostic:
@@ -23,7 +27,15 @@ class Diagnostic:
         # Tabs and other control characters would throw the caret off; show
         # each as a single space.
         line = "".join(" " if not c.isprintable() else c for c in self.source_line)
-        caret = " " * max(self.span.column - 1, 0) + "^"
+        offset = max(self.span.column - 1, 0)
+        if len(line) > _SHOWN_WIDTH:
+            start = max(0, min(offset - _SHOWN_WIDTH // 2, len(line) - _SHOWN_WIDTH))
+            end = start + _SHOWN_WIDTH
+            before = "..." if start > 0 else ""
+            after = "..." if end < len(line) else ""
+            line = before + line[start:end] + after
+            offset += len(before) - start
+        caret = " " * offset + "^"
         return f"{head}\n  {line}\n  {caret}"
 
 

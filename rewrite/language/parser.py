@@ -11,7 +11,7 @@ import functools
 from dataclasses import replace
 
 import lark
-from lark import Token, Transformer, v_args
+from lark import Token, Transformer_NonRecursive, Tree, v_args
 
 from rewrite import resources
 from rewrite.language import ast
@@ -60,12 +60,91 @@ def _parse(text: str, path: str) -> ast.RuleFile:
         tree = grammar_parser().parse(text)
     except lark.exceptions.UnexpectedInput as error:
         raise RuleError([_syntax_diagnostic(error, source)]) from None
+    too_deep = _too_deep(tree, source)
+    if too_deep is not None:
+        raise RuleError([too_deep])
     try:
         return _ToAst(source).transform(tree)
     except lark.exceptions.VisitError as error:
         if isinstance(error.orig_exc, RuleError):
             raise error.orig_exc from None
         raise
+
+
+# ------------------------------------------------------------ nesting
+
+# How deeply patterns and expressions may nest. lark's LALR parser keeps its
+# own stack, but every later pass over the AST recurses once or more per
+# level: the checker, lint, the condition compiler and the closures it
+# builds, the interpreter, explain, a dataclass repr (up to ten frames per
+# level of `op(x=%v = op(...))`). The engine runs them from deep in its own
+# stack, under pytest deeper still, and Python stops at 1000 frames. At 32
+# levels the costliest pass stays near 350 frames; shipped rules nest 8.
+MAX_NESTING = 32
+
+# The engine also recurses once per `match` clause and once or twice per
+# condition (the `where` clauses, each split at its top-level `and`s).
+MAX_MATCHES = 64
+MAX_CONDITIONS = 64
+
+# The lark nodes that are a level of nesting to the user: an op pattern or
+# op build, an operator, a list, a call, an index, a quantifier. The nodes
+# between them (operands, arguments, clauses) add no level of their own.
+_NESTING_NODES = frozenset({
+    "op_pattern", "op_build", "list", "comprehension", "call", "index",
+    "choose", "forall", "exists", "every_use", "or_", "and_", "not_",
+    "compare", "same_value", "different_value", "is_op", "is_not_op",
+    "add", "subtract", "multiply", "divide", "negate",
+})
+
+# lark nests a chain `a + b + c` to the left: each operator is one level.
+_CHAIN_NODES = frozenset({"or_", "and_", "add", "subtract", "multiply", "divide"})
+
+
+def _too_deep(tree: Tree, source: SourceText):
+    """A diagnostic at the first node nested deeper than `MAX_NESTING`, or None.
+
+    Walks the tree with an explicit stack: recursing here would fail at the
+    very depth it is meant to refuse.
+    """
+    stack = [(tree, 0, None)]
+    while stack:
+        node, depth, parent = stack.pop()
+        if node.data in _NESTING_NODES:
+            depth += 1
+            if depth > MAX_NESTING:
+                return _nesting_diagnostic(node, parent, source)
+        children = [child for child in node.children if isinstance(child, Tree)]
+        # Reversed onto the stack, so the first node in reading order is reported.
+        stack.extend((child, depth, node) for child in reversed(children))
+    return None
+
+
+def _nesting_diagnostic(node: Tree, parent: Tree | None, source: SourceText):
+    meta = node.meta
+    if getattr(meta, "empty", True):  # pragma: no cover - every nesting node holds a token
+        span = source.span_at(1, 1)
+    else:
+        span = source.span_at(meta.line, meta.column)
+    message = f"nesting deeper than {MAX_NESTING} levels"
+    if node.data in _CHAIN_NODES and parent is not None and parent.data in _CHAIN_NODES:
+        message = (
+            f"expression too long: nesting deeper than {MAX_NESTING} levels, where each operator "
+            "of a chain like 'a + b + c' is one level; split it up (e.g. into several 'where' clauses)"
+        )
+    return source.diagnostic(span, message)
+
+
+def _conjuncts(expr) -> list:
+    """`a and b and c` as [a, b, c], without recursing (see `MAX_NESTING`)."""
+    found, stack = [], [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.And):
+            stack += (item.right, item.left)
+        else:
+            found.append(item)
+    return found
 
 
 # ------------------------------------------------------------ syntax errors
@@ -143,8 +222,11 @@ def _unquote(token: Token) -> str:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
-    """Builds AST nodes bottom-up; each method is one grammar alternative."""
+class _ToAst(Transformer_NonRecursive):
+    """Builds AST nodes bottom-up; each method is one grammar alternative.
+
+    Non-recursive, so that the only limit on nesting is `MAX_NESTING`.
+    """
 
     def __init__(self, source: SourceText):
         super().__init__()
@@ -222,6 +304,15 @@ class _ToAst(Transformer):
                 benefit = value
             else:
                 actions.extend(value)
+        if len(matches) > MAX_MATCHES:
+            self._too_many(matches[MAX_MATCHES].span, f"more than {MAX_MATCHES} 'match' clauses in one rule")
+        conjuncts = [part for condition in conditions for part in _conjuncts(condition.expr)]
+        if len(conjuncts) > MAX_CONDITIONS:
+            self._too_many(
+                conjuncts[MAX_CONDITIONS].span,
+                f"more than {MAX_CONDITIONS} conditions in one rule (counting each 'where' clause, "
+                "and each part of one that 'and' joins)",
+            )
         return ast.Rule(
             name=str(name),
             description=_unquote(description),
@@ -233,6 +324,9 @@ class _ToAst(Transformer):
             span=self._token_span(name),
             examples=tuple(examples),
         )
+
+    def _too_many(self, span: ast.Span, message: str):
+        raise RuleError([self.source.diagnostic(span, message)])
 
     def match_clause(self, meta, children):
         var, pattern = children

@@ -93,6 +93,9 @@ BUILTINS: dict[str, Signature] = {
                    "The value is an output of a block (a function output included)."),
         _signature("same_block", "value, other:value", Type.BOOL,
                    "The two values are defined in the same block."),
+        _signature("broadcasts", "value", Type.BOOL,
+                   "The op producing the value broadcasts all its operands numpy's way, at the "
+                   "version the model's opset gives it; unknown if the backend cannot tell."),
         _signature("op_type", "value", Type.STRING,
                    "The type of the op producing the value; unknown for inputs."),
         _signature("attribute", "value, name:string", Type.ANY,

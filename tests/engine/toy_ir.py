@@ -190,9 +190,9 @@ class ToyAdapter:
 
     def broadcast_operands(self, op):
         # The binary ops and sum broadcast their operands numpy's way.
-        if op.op_type in ("add", "mul", "sub"):
+        if op.type in ("add", "mul", "sub"):
             return [op.inputs["x"], op.inputs["y"]]
-        if op.op_type == "sum":
+        if op.type == "sum":
             return list(op.inputs["values"])
         return None
 

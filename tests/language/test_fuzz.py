@@ -21,6 +21,7 @@ Crashes this file once found are pinned as regression tests at the end.
 from __future__ import annotations
 
 import itertools
+import random
 import shutil
 from pathlib import Path
 
@@ -74,7 +75,8 @@ def check_loads_or_reports(folder: Path, text: str) -> None:
     """Load `text` from a file in `folder`: it loads, or raises RuleError with sound spans."""
     path = folder / f"fuzzed_{next(_serial)}.rules"
     path.write_text(text, encoding="utf-8")
-    texts = {path.resolve(): text}
+    # A byte order mark is dropped on reading; positions count from after it.
+    texts = {path.resolve(): text.removeprefix("\ufeff")}
     for name, shipped in SHIPPED.items():  # what an import may have pulled in
         texts[(folder / name).resolve()] = shipped
     try:
@@ -324,9 +326,13 @@ def test_shipped_files_load_unchanged(workdir, name):
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_every_truncation_of_shipped_files(workdir, name):
-    # Cutting a file anywhere is the commonest "mutation" of all: try every cut.
+    # Cutting a file anywhere is the commonest "mutation" of all. Every line
+    # end, and a fixed sample of cuts inside lines (each load costs tens of
+    # milliseconds, and every third character took minutes).
     text = SHIPPED[name]
-    for end in range(0, len(text) + 1, 3):
+    line_ends = [i for i, c in enumerate(text) if c == "\n"]
+    inside = random.Random(name).sample(range(len(text) + 1), min(len(text) + 1, 120))
+    for end in sorted({0, len(text), *line_ends, *inside}):
         check_loads_or_reports(workdir, text[:end])
 
 
@@ -348,3 +354,19 @@ def test_other_line_breaks_in_comments(workdir, line_break):
     # A comment may hold any character but "\n"; after such a line break the
     # diagnostic quotes the wrong line and its column lies past that line's end.
     check_loads_or_reports(workdir, f"# a{line_break}b\n" + _CLEAN)
+
+
+def test_byte_order_mark(workdir):
+    # Once refused as an unexpected character at 1:1.
+    check_loads_or_reports(workdir, "\ufeff" + _CLEAN)
+    check_loads_or_reports(workdir, "\ufeffdialect 3\n")
+
+
+@pytest.mark.parametrize(
+    "nested",
+    ["not " * 600 + "true", " + ".join(["1"] * 10_000) + " == 1", "[" * 10_000 + "]" * 10_000 + " == []"],
+    ids=["600 nots", "10,000 terms", "10,000 nested lists"],
+)
+def test_deep_nesting(workdir, nested):
+    # Once a RecursionError, with 3,000 lines of traceback.
+    check_loads_or_reports(workdir, _CLEAN.replace("%q == 1", nested))

@@ -1,0 +1,98 @@
+"""Issue 11's unsound ONNX rewrites: each is refused by the engine's shape guard,
+also with the rule's own conditions taken away (the guard stands alone)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx_cases import FLOAT, counts, floats, initializer, model, node, run, tensor
+
+import rewrite
+
+# The shipped rules with their consumer conditions deleted: only the guard stands.
+RECKLESS = """
+dialect onnx
+rule drop_expand "drops any Expand"
+  match %e = Expand(input=%x, shape=_)
+  rewrite %e -> %x
+rule drop_tile "drops any Tile"
+  match %t = Tile(input=%x, repeats=_)
+  rewrite %t -> %x
+"""
+
+
+def _rank_increasing_expand():
+    nodes = [node("Expand", ["x", "shape"], ["e"]), node("Add", ["e", "y"], ["out"])]
+    return model(nodes, [tensor("x", FLOAT, [4]), tensor("y", FLOAT, [4])], [tensor("out", FLOAT, [1, 4])],
+                 [initializer("shape", np.array([1, 4]))]), {"x": floats(4), "y": floats(4, seed=1)}
+
+
+def _rank_increasing_expand_3d():
+    nodes = [node("Expand", ["x", "shape"], ["e"]), node("Mul", ["e", "y"], ["out"])]
+    return model(nodes, [tensor("x", FLOAT, [1, 16]), tensor("y", FLOAT, [4, 16])],
+                 [tensor("out", FLOAT, [1, 4, 16])], [initializer("shape", np.array([1, 4, 16]))]), {
+        "x": floats(1, 16), "y": floats(4, 16, seed=1)}
+
+
+def _zero_repeat_tile():
+    nodes = [node("Tile", ["x", "repeats"], ["t"]), node("Add", ["t", "y"], ["out"])]
+    return model(nodes, [tensor("x", FLOAT, [1, 16]), tensor("y", FLOAT, [1, 16])], [tensor("out", FLOAT, [0, 16])],
+                 [initializer("repeats", np.array([0, 1]))]), {"x": floats(1, 16), "y": floats(1, 16, seed=1)}
+
+
+def _tile_into_sum_at_opset_7():
+    nodes = [node("Tile", ["x", "repeats"], ["t"]), node("Sum", ["t", "y"], ["out"])]
+    built = model(nodes, [tensor("x", FLOAT, [1, 16]), tensor("y", FLOAT, [4, 16])], [tensor("out", FLOAT, [4, 16])],
+                  [initializer("repeats", np.array([4, 1]))], opset=7)
+    return built, {"x": floats(1, 16), "y": floats(4, 16, seed=1)}
+
+
+CASES = {
+    "rank-increasing Expand [4] -> [1, 4] into Add": _rank_increasing_expand,
+    "rank-increasing Expand [1, 16] -> [1, 4, 16] into Mul": _rank_increasing_expand_3d,
+    "Tile with a zero repeat on a size-1 axis": _zero_repeat_tile,
+    "Tile into Sum at opset 7 (Sum-6 does not broadcast)": _tile_into_sum_at_opset_7,
+}
+
+
+@pytest.mark.parametrize("rules", ["shipped", "reckless"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_guard_refuses_every_unsound_case(case, rules, tmp_path):
+    built, feeds = CASES[case]()
+    expected = run(built, feeds)
+    before = counts(built)
+    if rules == "shipped":
+        rule_set = rewrite.load_rules(dialects=["onnx"])
+    else:
+        path = tmp_path / "reckless.rules"
+        path.write_text(RECKLESS)
+        rule_set = rewrite.load_rules(path)
+    statistics = rule_set.apply(built)
+    assert statistics.fires == 0 and counts(built) == before, case
+    if rules == "reckless":
+        assert statistics.refused >= 1  # the guard, not the rule, said no
+    for old, new in zip(expected, run(built, feeds)):
+        assert old.shape == new.shape
+        np.testing.assert_array_equal(old, new)
+
+
+def test_checked_mode_names_the_rule_the_guard_refused(tmp_path):
+    built, _ = _rank_increasing_expand()
+    path = tmp_path / "reckless.rules"
+    path.write_text(RECKLESS)
+    refused = "rule 'drop_expand'.*shape guard refused.*rank 2 would become 1"
+    with pytest.raises(rewrite.UnsoundRewriteError, match=refused):
+        rewrite.load_rules(path).apply(built, check_types=True)
+
+
+def test_the_guard_lets_the_sound_case_through(tmp_path):
+    nodes = [node("Expand", ["x", "shape"], ["e"]), node("Add", ["e", "y"], ["out"])]
+    built = model(nodes, [tensor("x", FLOAT, [1, 4]), tensor("y", FLOAT, [3, 4])], [tensor("out", FLOAT, [3, 4])],
+                  [initializer("shape", np.array([3, 4]))])
+    feeds = {"x": floats(1, 4), "y": floats(3, 4, seed=2)}
+    expected = run(built, feeds)
+    path = tmp_path / "reckless.rules"
+    path.write_text(RECKLESS)
+    statistics = rewrite.load_rules(path).apply(built)
+    assert statistics.fires == 1 and counts(built)["Expand"] == 0
+    np.testing.assert_array_equal(run(built, feeds)[0], expected[0])
