@@ -174,7 +174,7 @@ def test_a_companion_name_in_use_is_never_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx.data"]
 
 
-def test_sigterm_while_writing_removes_the_staging_folder(tmp_path):
+def test_a_signal_while_writing_removes_the_staging_folder(tmp_path):
     script = (
         "import os, signal, sys, time\n"
         "from pathlib import Path\n"
@@ -191,8 +191,10 @@ def test_sigterm_while_writing_removes_the_staging_folder(tmp_path):
         "        output.publish(target, write)\n"
         "    except output.Terminated as stop:\n"
         "        sys.exit(128 + stop.signal_number)\n"
+        "    except KeyboardInterrupt:\n"
+        "        sys.exit(130)\n"
     )
-    for number in (signal.SIGTERM, signal.SIGHUP):
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
                                    text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert process.stdout.readline() == "writing\n"

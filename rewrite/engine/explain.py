@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rewrite.engine.driver import Driver
+from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.language import ast
@@ -128,6 +129,13 @@ def explain(
 def _explain_one(decision, anchor_name: str, adapter: Adapter, sources: _Sources) -> Explanation:
     rule = decision.rule
     if decision.fires:
+        refusal = _guard_refusal(rule, decision.env, adapter)
+        if refusal is not None:
+            return Explanation(
+                rule.name, anchor_name, False, str(rule.span), "the shape guard refuses the rewrite",
+                failed=str(refusal), truth="unknown",
+                path=(f"consumer = {refusal.consumer}", *(() if refusal.axis is None else (f"axis = {refusal.axis}",))),
+            )
         return Explanation(rule.name, anchor_name, True, str(rule.span), "fires")
     if not decision.matched:
         return Explanation(
@@ -175,6 +183,9 @@ def format_text(explanations: Sequence[Explanation]) -> str:
         if item.reason == "pattern does not match":
             lines.append(f"  pattern does not match: {item.condition}")
             continue
+        if item.reason == "the shape guard refuses the rewrite":
+            lines.append(f"  the conditions hold, but the shape guard refuses: {item.failed}")
+            continue
         if item.condition and item.condition != item.failed:
             lines.append(f"  where {item.condition}")
         lines.append(f"  failed: {item.failed}  -> {item.truth}")
@@ -183,3 +194,23 @@ def format_text(explanations: Sequence[Explanation]) -> str:
         if item.values:
             lines.append(f"  saw: {'; '.join(item.values)}")
     return "\n".join(lines)
+
+
+def _guard_refusal(rule: ast.Rule, env: dict, adapter: Adapter) -> Refusal | None:
+    """What the shape guard would refuse of the rule's replacements by bound values.
+
+    Replacements by ops the rule would build are guarded when it runs; asking
+    here would mean building them in a model that explain must not change.
+    """
+    guard = ShapeGuard(adapter)
+    for action in rule.actions:
+        if not isinstance(action, ast.ReplaceAction) or not isinstance(action.replacement, ast.ValueRef):
+            continue
+        old, new = env.get(action.target), env.get(action.replacement.var)
+        if old is None or new is None:
+            continue
+        within = None if action.within is None else [adapter.producer(env[action.within])]
+        refusal = guard.check(old, new, within)
+        if refusal is not None:
+            return refusal
+    return None

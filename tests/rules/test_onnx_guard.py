@@ -96,3 +96,18 @@ def test_the_guard_lets_the_sound_case_through(tmp_path):
     statistics = rewrite.load_rules(path).apply(built)
     assert statistics.fires == 1 and counts(built)["Expand"] == 0
     np.testing.assert_array_equal(run(built, feeds)[0], expected[0])
+
+
+def test_explain_says_which_consumer_and_axis_the_guard_refused(tmp_path):
+    from rewrite.backends.onnx import OnnxAdapter
+    from rewrite.engine.explain import explain, format_text
+    from rewrite.predicates import registered_predicates
+
+    built, _ = _zero_repeat_tile()
+    path = tmp_path / "reckless.rules"
+    path.write_text(RECKLESS)
+    rules = rewrite.load_rules(path).only("drop_tile").rules
+    (explanation,) = explain(rules, OnnxAdapter(built), registered_predicates())
+    assert not explanation.fired and explanation.reason == "the shape guard refuses the rewrite"
+    assert "axis = 0" in explanation.path and "output dim 0 is not proved to stay" in explanation.failed
+    assert "shape guard refuses" in format_text([explanation])
