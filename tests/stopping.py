@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,18 @@ def run_stopped(step: int, how: str, arguments: list[str], log: Path) -> Stopped
         finally:
             sys.stdout.flush()
             os._exit(code)
-    _, status = os.waitpid(child, 0)
+    # A child forked from a process with threads (JAX starts some) could in
+    # principle deadlock: give up on it rather than hang the suite.
+    deadline = time.monotonic() + 300
+    while True:
+        finished, status = os.waitpid(child, os.WNOHANG)
+        if finished:
+            break
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            raise AssertionError(f"rewrite {' '.join(arguments)} hung at step {step}")
+        time.sleep(0.005)
     exit_code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     steps = int(steps_file.read_text()) if steps_file.exists() else None
     return StoppedRun(exit_code, log.read_text(), steps)

@@ -56,9 +56,25 @@ class ShapeGuard:
         self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
         self._output_types_with = getattr(adapter, "output_types_with", None)
         self._proven = getattr(adapter, "proven_shape", None)
+        self._proving = False
 
     def check(self, old: Value, new: Value, consumers: Sequence[Op] | None = None) -> Refusal | None:
-        """None if replacing `old` by `new` (in `consumers`, default: every use) keeps every type."""
+        """None if replacing `old` by `new` (in `consumers`, default: every use) keeps every type.
+
+        The shapes as the IR states them settle almost every sound rewrite;
+        only when they do not are the adapter's proofs asked for (an IR that
+        mints fresh symbols may state one dim under two names), which costs more.
+        """
+        refusal = self._check(old, new, consumers)
+        if refusal is None or self._proven is None:
+            return refusal
+        self._proving = True
+        try:
+            return self._check(old, new, consumers)
+        finally:
+            self._proving = False
+
+    def _check(self, old: Value, new: Value, consumers: Sequence[Op] | None) -> Refusal | None:
         adapter = self.adapter
         if consumers is None:
             consumers = adapter.consumers(old)
@@ -169,7 +185,7 @@ class ShapeGuard:
 
     def _shape(self, value: Value) -> Shape:
         shape = self.adapter.shape(value)
-        if shape is not None and self._proven is not None and any(not isinstance(d, int) for d in shape):
+        if self._proving and shape is not None and any(not isinstance(d, int) for d in shape):
             shape = self._proven(value)
         return None if shape is None else tuple(shape)
 
