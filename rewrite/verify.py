@@ -434,10 +434,7 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     rng = np.random.default_rng(0)
     compared = 0
     for binding in BINDINGS:
-        feeds = {}
-        for name, dtype, dims in instance.inputs:
-            shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
-            feeds[name] = _random_array(rng, dtype, shape)
+        feeds = _feeds(rng, instance, binding)
         try:
             expected = backend.evaluate_example(original, feeds)
         except Exception:
@@ -467,16 +464,21 @@ def _runs_somewhere(backend, program, instance: Instance) -> bool:
     """Whether `program` evaluates at any of the bindings tried."""
     rng = np.random.default_rng(0)
     for binding in BINDINGS:
-        feeds = {}
-        for name, dtype, dims in instance.inputs:
-            shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
-            feeds[name] = _random_array(rng, dtype, shape)
         try:
-            backend.evaluate_example(program, feeds)
+            backend.evaluate_example(program, _feeds(rng, instance, binding))
         except Exception:
             continue
         return True
     return False
+
+
+def _feeds(rng, instance: Instance, binding: dict) -> dict:
+    """Random inputs for `instance` with its symbolic dims bound by `binding`."""
+    feeds = {}
+    for name, dtype, dims in instance.inputs:
+        shape = tuple(binding[d] if isinstance(d, str) else d for d in dims)
+        feeds[name] = _random_array(rng, dtype, shape)
+    return feeds
 
 
 def _random_array(rng, dtype: str, shape) -> np.ndarray:

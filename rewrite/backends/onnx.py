@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rewrite.backends import onnx_shapes
+from rewrite.backends import onnx_files, onnx_shapes
 from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature
 
 DIALECT = "onnx"
@@ -790,56 +790,26 @@ def _check_no_shadowing(graph: Graph) -> None:
 
 
 def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, bool]:
-    """Read an `.onnx` file, external data included.
+    """Read an `.onnx` file, external data included (see `onnx_files.read_onnx`).
 
     Returns the model and whether its tensors were stored as external data
     (so that `save_onnx` can store them that way again). A missing, truncated
     or non-ONNX file is an `OnnxError`.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise OnnxError(f"{path}: no such file")
     try:
-        data = path.read_bytes()
-        model = onnx.ModelProto()
-        model.ParseFromString(data)
-    except Exception as error:
-        raise OnnxError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
-    if not model.HasField("graph") or not model.opset_import:
-        raise OnnxError(f"{path}: not an ONNX model (no graph or no opset)")
-    # A tensor stored outside names its file under the key "location": a
-    # model whose bytes never say that has none, and needs no walk.
-    external = b"location" in data and _uses_external_data(model.graph)
-    if external:
-        try:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        except Exception as error:
-            raise OnnxError(f"{path}: cannot read its external data ({_first_line(error)})") from None
-    return model, external
+        model, source = onnx_files.read_onnx(path)
+    except onnx_files.OnnxFileError as error:
+        raise OnnxError(str(error)) from None
+    return model, source.external_data
 
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
-    """Write `model` to `path`; with `external_data`, large tensors go to `<path>.data` beside it."""
-    path = Path(path)
-    if external_data:
-        onnx.save_model(
-            model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-            location=path.name + ".data", size_threshold=1024,
-        )
-    else:
-        # What onnx.save_model writes for a model without external tensors,
-        # without its walk over every tensor looking for some (0.14 s at 100k nodes).
-        path.write_bytes(model.SerializeToString())
+    """Write `model` to `path`; with `external_data`, large tensors go to `<path>.data` beside it.
 
-
-def _uses_external_data(graph: onnx.GraphProto) -> bool:
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
-        return True
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH and _uses_external_data(attribute.g):
-                return True
-    return False
+    This writes in place; `rewrite apply` writes through `rewrite.output`,
+    which also picks a data file name that replaces nothing.
+    """
+    onnx_files.write_onnx(model, path, Path(path).name + ".data" if external_data else None)
 
 
 @functools.cache
@@ -876,11 +846,6 @@ def count_nodes(model: onnx.ModelProto, op_type: str | None = None) -> int:
         return total
 
     return count(model.graph)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 # ---------------------------------------------------------------- examples
