@@ -111,3 +111,34 @@ def test_explain_says_which_consumer_and_axis_the_guard_refused(tmp_path):
     assert not explanation.fired and explanation.reason == "the shape guard refuses the rewrite"
     assert "axis = 0" in explanation.path and "output dim 0 is not proved to stay" in explanation.failed
     assert "shape guard refuses" in format_text([explanation])
+
+
+def test_a_constant_in_external_data_is_read_beside_the_model_never_the_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+
+    # Repeats [2, 16] into an Add whose other operand is 1 on axis 0: must stay.
+    nodes = [
+        node("Constant", [], ["repeats"], value=initializer("r", np.array([2, 16], dtype=np.int64))),
+        node("Tile", ["m", "repeats"], ["t"]),
+        node("Add", ["t", "x"], ["out"]),
+    ]
+    built = model(nodes, [tensor("m", FLOAT, [1, 1]), tensor("x", FLOAT, [1, 16])], [tensor("out", FLOAT, [2, 16])])
+    folder, elsewhere = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    onnx.save_model(built, str(folder / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0, convert_attribute=True)
+    stored = onnx.load(str(folder / "m.onnx"), load_external_data=False)
+    assert stored.graph.node[0].attribute[0].t.data_location == onnx.TensorProto.EXTERNAL
+    # A decoy of the same name where the user stands: repeats [1, 16] would let the rule fire.
+    (elsewhere / "weights.bin").write_bytes(np.array([1, 16], dtype=np.int64).tobytes())
+    result = subprocess.run([sys.executable, "-m", "rewrite.cli", "apply", str(folder / "m.onnx"), "-o",
+                             str(folder / "out.onnx")], cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "no rule fired" in result.stdout
+    feeds = {"m": floats(1, 1), "x": floats(1, 16, seed=3)}
+    np.testing.assert_array_equal(run(onnx.load(str(folder / "out.onnx")), feeds)[0],
+                                  run(onnx.load(str(folder / "m.onnx")), feeds)[0])
