@@ -148,7 +148,9 @@ def _check(arguments) -> int:
     for warning in rule_set.warnings:
         print(warning.render(), file=sys.stderr)
     warnings = f", {len(rule_set.warnings)} warning(s)" if rule_set.warnings else ""
-    print(f"{len(rule_set.rules)} rule(s) in {len(rule_set.files)} file(s): no errors{warnings}")
+    # Files of another dialect were not checked, so they are not counted.
+    checked = len(rule_set.files) - len(rule_set.skipped_files)
+    print(f"{len(rule_set.rules)} rule(s) in {checked} file(s): no errors{warnings}")
     return EXIT_OK
 
 

@@ -325,3 +325,12 @@ def test_explain_and_failed_runs_leave_the_input_package_untouched(tmp_path):
     assert run("apply", source, "-o", tmp_path / "o.mlpackage", "--rule", "nope").returncode == 2
     assert run("apply", source, "-o", tmp_path / "o.mlpackage").returncode == 0
     assert tree_state(source) == before
+
+
+def test_check_counts_only_the_files_of_the_backend_it_checks():
+    rules = Path(cli.__file__).parent.parent / "rules"
+    onnx_files = len(list((rules / "onnx").glob("*.rules")))
+    mil_files = len(list((rules / "mil").glob("*.rules")))
+    assert f"in {onnx_files} file(s)" in run("check", rules, "--backend", "onnx").stdout
+    assert f"in {mil_files} file(s)" in run("check", rules, "--backend", "mil").stdout
+    assert f"in {onnx_files + mil_files} file(s)" in run("check", rules).stdout
