@@ -96,18 +96,7 @@ class ShapeGuard:
 
     def _same_type(self, old: Value, new: Value, where: str) -> Refusal | None:
         adapter = self.adapter
-        old_dtype, new_dtype = adapter.dtype(old), adapter.dtype(new)
-        if old_dtype is None or old_dtype != new_dtype:
-            return Refusal(where, f"dtype {_name(old_dtype)} would become {_name(new_dtype)}")
-        old_shape, new_shape = self._shape(old), self._shape(new)
-        if old_shape is None or new_shape is None:
-            return Refusal(where, "the rank is unknown")
-        if len(old_shape) != len(new_shape):
-            return Refusal(where, f"rank {len(old_shape)} would become {len(new_shape)}")
-        for axis, (before, after) in enumerate(zip(old_shape, new_shape)):
-            if equal(before, after) is not Truth.YES:
-                return Refusal(where, f"dim {before} would become {after}", axis)
-        return None
+        return _compare(where, "", (adapter.dtype(old), self._shape(old)), (adapter.dtype(new), self._shape(new)))
 
     def _consumer_keeps_its_types(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
         adapter = self.adapter
@@ -170,17 +159,10 @@ class ShapeGuard:
         outputs = adapter.outputs(consumer)
         if len(inferred) != len(outputs):
             return Refusal(name, "its number of outputs would change")
-        for output, (dtype, shape) in zip(outputs, inferred):
-            if adapter.dtype(output) is None or adapter.dtype(output) != dtype:
-                return Refusal(name, f"output dtype {_name(adapter.dtype(output))} would become {_name(dtype)}")
-            current = self._shape(output)
-            if current is None or shape is None:
-                return Refusal(name, "an output rank is unknown")
-            if len(current) != len(shape):
-                return Refusal(name, f"output rank {len(current)} would become {len(shape)}")
-            for axis, (before, after) in enumerate(zip(current, shape)):
-                if equal(before, after) is not Truth.YES:
-                    return Refusal(name, f"output dim {before} would become {after}", axis)
+        for output, after in zip(outputs, inferred):
+            refusal = _compare(name, "output ", (adapter.dtype(output), self._shape(output)), after)
+            if refusal is not None:
+                return refusal
         return None
 
     def _shape(self, value: Value) -> Shape:
@@ -188,6 +170,21 @@ class ShapeGuard:
         if self._proving and shape is not None and any(not isinstance(d, int) for d in shape):
             shape = self._proven(value)
         return None if shape is None else tuple(shape)
+
+
+def _compare(where: str, what: str, before: tuple, after: tuple) -> Refusal | None:
+    """None if the (dtype, dims) `after` is provably the type `before`; else what differs."""
+    (old_dtype, old_shape), (new_dtype, new_shape) = before, after
+    if old_dtype is None or old_dtype != new_dtype:
+        return Refusal(where, f"{what}dtype {_name(old_dtype)} would become {_name(new_dtype)}")
+    if old_shape is None or new_shape is None:
+        return Refusal(where, f"the {what}rank is unknown")
+    if len(old_shape) != len(new_shape):
+        return Refusal(where, f"{what}rank {len(old_shape)} would become {len(new_shape)}")
+    for axis, (old_dim, new_dim) in enumerate(zip(old_shape, new_shape)):
+        if equal(old_dim, new_dim) is not Truth.YES:
+            return Refusal(where, f"{what}dim {old_dim} would become {new_dim}", axis)
+    return None
 
 
 def _aligned(shape: tuple, axis: int, rank: int):
