@@ -7,7 +7,7 @@ stablehlo_coreml.convert output: reduce_sum -> expand_dims -> real_div by a
 rsqrt / sqrt, and a `tile(reps=[1, 8])` broadcasting each (b, 1) statistic
 before the mul / sub / real_div with the (b, 8) activations.
 
-For each size the program is deep-copied twice per repetition; one copy is
+For each size the program is copied (`copy_program`) twice per repetition; one copy is
 rewritten by `rewrite.load_rules().only("remove_broadcast_tiles").apply(prog)`
 (rules loaded once, outside the timing), the other by
 `PASS_REGISTRY["common::remove_broadcast_tiles"](prog)`. Construction and
@@ -25,7 +25,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import gc
 import io
@@ -34,7 +33,6 @@ import math
 import os
 import pstats
 import sys
-import threading
 import time
 from collections import Counter
 
@@ -50,6 +48,7 @@ from coremltools.converters.mil.mil import get_new_symbol  # noqa: E402
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
 
 import rewrite  # noqa: E402
+from rewrite.backends.mil import copy_program  # noqa: E402
 
 HIDDEN = 8
 THEIRS = "common::remove_broadcast_tiles"
@@ -250,7 +249,7 @@ def bench_size(rules, size: int, repeat: int, rows: list[dict], budget: float) -
     skip_ours = budget > 0 and projected is not None and projected > budget
     ours_times, theirs_times = [], []
     for _ in range(repeat):
-        mine, theirs = copy.deepcopy(prog), copy.deepcopy(prog)
+        mine, theirs = copy_program(prog), copy_program(prog)
         if skip_ours:
             theirs_times.append(run_theirs(theirs))
             if count_ops(theirs, "tile"):
@@ -279,7 +278,7 @@ def bench_size(rules, size: int, repeat: int, rows: list[dict], budget: float) -
 
 def profile_ours(rules, size: int, top: int = 25) -> None:
     prog = program_of_size(size)
-    mine = copy.deepcopy(prog)
+    mine = copy_program(prog)
     profiler = cProfile.Profile()
     gc.collect()
     if not KEEP_GC:
@@ -363,16 +362,5 @@ def main(argv=None) -> int:
     return 0
 
 
-def _run_with_big_stack() -> int:
-    # copy.deepcopy of a long chained program recurses once per op.
-    sys.setrecursionlimit(1_000_000)
-    threading.stack_size(512 * 1024 * 1024)
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(main()))
-    thread.start()
-    thread.join()
-    return result[0] if result else 1
-
-
 if __name__ == "__main__":
-    sys.exit(_run_with_big_stack())
+    sys.exit(main())

@@ -145,8 +145,14 @@ def _check(arguments) -> int:
     except rewrite.RuleError as error:
         print(error.render(), file=sys.stderr)
         return EXIT_FINDINGS
-    for warning in rule_set.warnings:
-        print(warning.render(), file=sys.stderr)
+    from rewrite.examples import example_errors
+
+    # An example the backend cannot build is as much a mistake as a syntax error.
+    unbuildable = example_errors(rule_set.rules)
+    for diagnostic in [*unbuildable, *rule_set.warnings]:
+        print(diagnostic.render(), file=sys.stderr)
+    if unbuildable:
+        return EXIT_FINDINGS
     warnings = f", {len(rule_set.warnings)} warning(s)" if rule_set.warnings else ""
     # Files of another dialect were not checked, so they are not counted.
     checked = len(rule_set.files) - len(rule_set.skipped_files)

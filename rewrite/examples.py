@@ -9,6 +9,8 @@ original, at two sizes for every symbolic dim.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +18,13 @@ import numpy as np
 
 from rewrite import backends
 from rewrite.api import RuleSet
+from rewrite.engine.conditions import Evaluator
 from rewrite.engine.driver import UnsoundRewriteError
 from rewrite.engine.interfaces import NamedValue
+from rewrite.engine.logic import Truth
 from rewrite.language import ast
-from rewrite.language.types import NAMED_CONSTANTS
+from rewrite.language.errors import Diagnostic
+from rewrite.language.loader import UnreadableRules, read_rules_text
 
 # Every symbolic dim of an example takes each of these sizes in turn.
 SYMBOLIC_SIZES = (2, 3)
@@ -53,7 +58,7 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
     backend = backends.backend_module(rule.dialect)
     inputs = [(s.var.lstrip("%"), s.dtype, s.dims) for s in example.inputs]
     outputs = [var.lstrip("%") for var in example.outputs]
-    program = backend.build_example(inputs, example_ops(example.statements), outputs)
+    program = backend.build_example(inputs, example_ops(example.statements), outputs, opset=example.opset)
     original = backend.copy_program(program)
     before = canonical(backends.adapter_for(program))
 
@@ -73,7 +78,8 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
             return result(False, f"expected no change; the rule fired {statistics.fires} time(s):\n"
                                  f"    before: {before}\n    after:  {after}")
         return result(True)
-    expected = canonical(backends.adapter_for(backend.build_example(inputs, example_ops(example.expected), outputs)))
+    expected = canonical(backends.adapter_for(
+        backend.build_example(inputs, example_ops(example.expected), outputs, opset=example.opset)))
     if not statistics.fires:
         return result(False, "expected the rule to fire; it did not")
     if after != expected:
@@ -82,7 +88,24 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
     return result(mismatch is None, mismatch or "")
 
 
+class ExampleError(ValueError):
+    """An example statement that cannot become part of a graph; `span` is where."""
+
+    def __init__(self, span: ast.Span, message: str):
+        super().__init__(f"{span}: {message}")
+        self.span = span
+        self.message = message
+
+
 def example_ops(statements) -> list[tuple[str, str, dict[str, Any]]]:
+    """The ops of example statements as `build_example` takes them: (name, op type, operands).
+
+    An operand is a `NamedValue`, a tuple of operands (a variadic input), or a
+    constant: a Python number, bool, string or list, or a numpy array or
+    scalar when the rule typed it (`as_dtype(3.0, fp16)`), which the backend
+    builds with that dtype. Raises `ExampleError` for an operand that does
+    not evaluate to a constant.
+    """
     ops = []
     for statement in statements:
         if isinstance(statement, ast.ExampleOp):
@@ -92,18 +115,100 @@ def example_ops(statements) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def _operand(expr) -> Any:
-    """An example operand: a value by name, or a constant written in place."""
     if isinstance(expr, ast.ValueRef):
         return NamedValue(expr.var.lstrip("%"))
-    if isinstance(expr, ast.Literal):
-        return expr.value
-    if isinstance(expr, ast.NameRef):
-        return NAMED_CONSTANTS[expr.name][1]
-    if isinstance(expr, ast.ListExpr):
-        return [_operand(item) for item in expr.items]
-    if isinstance(expr, ast.Arithmetic) and expr.operator == "-" and isinstance(expr.left, ast.Literal):
-        return expr.left.value - _operand(expr.right)
-    raise ValueError(f"{expr.span}: an example operand is a value, a literal or a list of literals")
+    if isinstance(expr, ast.TupleExpr):
+        return tuple(_operand(item) for item in expr.items)
+    return _plain(_constants().value(expr, {}), expr)
+
+
+@functools.lru_cache(maxsize=1)
+def _constants() -> Evaluator:
+    # The checker lets only graph-free expressions into example operands, so
+    # the evaluator that computes them needs no program.
+    return Evaluator(None, None, {})
+
+
+def _plain(value, expr) -> Any:
+    """`value` as a backend takes a constant; typed numpy values stay typed."""
+    if isinstance(value, Truth):
+        if value is Truth.UNKNOWN:
+            raise ExampleError(expr.span, "this example operand is neither true nor false")
+        return value is Truth.YES
+    if isinstance(value, list):
+        return [_plain(item, expr) for item in value]
+    if isinstance(value, (bool, int, float, str, np.ndarray, np.generic)):
+        return value
+    raise ExampleError(expr.span, "this example operand does not evaluate to a constant")
+
+
+def example_errors(rules: Iterable[ast.Rule]) -> list[Diagnostic]:
+    """Build every example of `rules`, and its `becomes` graph, with the backend of
+    its dialect; one error for each that cannot be built, at the statement that
+    the backend refused where that can be told.
+
+    This is what `rewrite check` adds to loading: a graph the backend refuses
+    (a bad dtype for an op, shapes it will not combine) is a mistake in the
+    rule file, not a failed test. Nothing is run.
+    """
+    sources: dict[str, list[str] | None] = {}
+    errors = []
+    for rule in rules:
+        for example in rule.examples:
+            found = _build_error(rule, example)
+            if found is not None:
+                span, message = found
+                errors.append(Diagnostic(span, message, "error", _source_line(sources, span)))
+    return errors
+
+
+def _build_error(rule: ast.Rule, example: ast.Example) -> tuple[ast.Span, str] | None:
+    backend = backends.backend_module(rule.dialect)
+    inputs = [(s.var.lstrip("%"), s.dtype, s.dims) for s in example.inputs]
+    outputs = [var.lstrip("%") for var in example.outputs]
+    graphs = [("", example.statements)]
+    if example.expected is not None:
+        graphs.append(("the 'becomes' graph of ", example.expected))
+    for which, statements in graphs:
+        try:
+            ops = example_ops(statements)
+        except ExampleError as error:
+            return error.span, error.message
+        try:
+            backend.build_example(inputs, ops, outputs, opset=example.opset)
+        except Exception as error:  # whatever the IR library raises for a graph it refuses
+            span = _refused_statement(backend, inputs, ops, statements, example.opset) or example.span
+            return span, f"{which}example '{example.description}' cannot be built: {_first_line(error)}"
+    return None
+
+
+def _refused_statement(backend, inputs, ops, statements, opset=None) -> ast.Span | None:
+    """The first op statement the backend refuses, found by building ever longer
+    prefixes of the graph (only for an example already known to fail)."""
+    op_statements = [s for s in statements if isinstance(s, ast.ExampleOp)]
+    for count in range(1, len(ops) + 1):
+        try:
+            backend.build_example(inputs, ops[:count], [ops[count - 1][0]], opset=opset)
+        except Exception:  # the same refusal as the whole graph's, now pinned to one op
+            return op_statements[count - 1].build.span
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _source_line(cache: dict[str, list[str] | None], span: ast.Span) -> str:
+    if span.file not in cache:
+        try:
+            cache[span.file] = read_rules_text(span.file).split("\n")
+        except UnreadableRules:
+            cache[span.file] = None
+    lines = cache[span.file]
+    if lines is None or not 1 <= span.line <= len(lines):
+        return ""
+    return lines[span.line - 1].removesuffix("\r")
 
 
 def canonical(adapter) -> str:
@@ -111,14 +216,14 @@ def canonical(adapter) -> str:
     memo: dict[int, str] = {}
 
     def show(value) -> str:
-        if isinstance(value, tuple):
+        if isinstance(value, (tuple, list)):  # a variadic operand: MIL holds a list, ONNX a tuple
             return "(" + ", ".join(show(v) for v in value) + ")"
         key = id(value)
         if key not in memo:
             constant = adapter.constant(value)
             producer = adapter.producer(value)
             if constant is not None and (producer is None or adapter.op_type(producer) in ("const", "Constant")):
-                memo[key] = repr(np.asarray(constant).tolist())
+                memo[key] = _show_constant(np.asarray(constant))
             elif producer is None:
                 memo[key] = "%" + adapter.value_name(value)
             else:
@@ -129,6 +234,20 @@ def canonical(adapter) -> str:
 
     outputs = [value for block in adapter.top_blocks() for value in adapter.block_outputs(block)]
     return "; ".join(show(v) for v in outputs)
+
+
+# The dtypes an untyped literal gets in some backend; any other is shown.
+_PLAIN_DTYPES = frozenset({"float32", "int32", "int64", "bool"})
+_DTYPE_NAMES = {"float16": "fp16", "float64": "fp64"}
+
+
+def _show_constant(array: np.ndarray) -> str:
+    """A constant as written; with its dtype when a rule had to type it (`6.0:fp16`),
+    so that an fp32 constant where the `becomes` graph has an fp16 one differs."""
+    text = repr(array.tolist())
+    if array.dtype.name in _PLAIN_DTYPES:
+        return text
+    return f"{text}:{_DTYPE_NAMES.get(array.dtype.name, array.dtype.name)}"
 
 
 def _compare_values(backend, original, rewritten, example: ast.Example) -> str | None:

@@ -73,7 +73,6 @@ GROUPS = (
         after=True,
     ),
 )
-DEAD_CODE = "common::dead_code_elimination"
 
 
 def register_groups(rules: RuleSet | None = None) -> tuple[str, ...]:
@@ -90,6 +89,13 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
 
     `base` itself is not changed, and a pipeline that already has the groups
     comes back as it is: calling this twice adds nothing.
+
+    Only the groups are added, no pass of coremltools': a rule removes what
+    its rewrite made dead itself, so where no rule fires the program every
+    later pass sees is the one the default pipeline would give it. (An extra
+    `dead_code_elimination` after each group removed the frontend's dead ops
+    earlier than the default pipeline does, which changed what
+    `add_int16_cast` and `guard_negative_gather_indices` made of the rest.)
     """
     pipeline = copy.deepcopy(base) if base is not None else ct.PassPipeline.DEFAULT
     register_groups(rules)
@@ -102,5 +108,4 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
         else:
             index = 0 if not group.after else len(passes)
         pipeline.insert_pass(index, group.name)
-        pipeline.insert_pass(index + 1, DEAD_CODE)
     return pipeline

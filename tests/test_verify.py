@@ -99,3 +99,116 @@ def test_expand_rule_that_treats_unknown_dims_as_equal_fails(write_rules):
     verdict = verify_rule(rule, trials=300, seed=SEED, necessity=False)
     assert not verdict.passed, format_verdict(verdict)
     assert "Expand" in verdict.counterexample.graph
+
+
+# ---------------------------------------------------------------- issue 11: what random sampling missed
+
+UNFIXED = {
+    # case: (rules file, fixed text, text without the fix, rule)
+    "rank-increasing Expand": (
+        EXPAND, "          and (rank(%x) == rank(%e) or exists other in %others: rank(other) >= rank(%e))\n", "",
+        "remove_broadcast_expand"),
+    "zero repeat on a size-1 axis": (
+        EXPAND, "forall axis in axes(%t) where %repeats[axis] != 1:",
+        "forall axis in axes(%t) where %repeats[axis] > 1:",
+        "remove_broadcast_tile"),
+    "consumers that do not broadcast at the model's opset": (
+        EXPAND, "          and broadcasts(%u)\n", "", "remove_broadcast_tile"),
+    "an inner tile with other uses, or as both operands": (
+        TILES, "one_use(%t) and %other is not %t and ", "", "narrow_broadcast_tile"),
+}
+
+
+def _with_example(write_rules, path: str, old: str, new: str, name: str, example: str):
+    """The rules of `path`'s folder, `old` replaced by `new`, and `example` added to rule `name`."""
+    source_folder = (rewrite.shipped_rules_path() / path).parent
+    folder = None
+    for source in source_folder.glob("*.rules"):
+        text = source.read_text()
+        if source.name == path.split("/")[1]:
+            text = text.replace(old, new)
+            start = text.index(f"rule {name}\n")
+            first_example = text.index("\n  example ", start)
+            text = text[:first_example] + "\n\n" + example + "\n" + text[first_example:]
+        folder = write_rules(text, source.name).parent
+    return rewrite.load_rules(folder).only(name)
+
+
+@pytest.mark.parametrize("case", sorted(UNFIXED))
+def test_verify_catches_each_case_once_its_fix_is_removed(case, write_rules):
+    path, fixed, unfixed, name = UNFIXED[case]
+    rule = _variant(write_rules, path, fixed, unfixed, name)
+    (shipped,) = SHIPPED.only(name).rules
+    verdict = verify_rule(rule, trials=TRIALS, seed=SEED, necessity=False, shaped_by=shipped)
+    assert not verdict.passed, f"{case}: {format_verdict(verdict)}"
+    # The counterexample is an example: pasted under the unfixed rule, it
+    # loads (every value it names is bound) and `rewrite test` fails on it.
+    from rewrite.examples import run_examples
+
+    rule_set = _with_example(write_rules, path, fixed, unfixed, name, verdict.counterexample.graph)
+    results = {r.description: r for r in run_examples(rule_set)}
+    pasted = [r for d, r in results.items() if d.startswith("counterexample")]
+    assert len(pasted) == 1 and not pasted[0].passed, pasted
+    # ... and passes once the fix is back: the rule no longer fires there.
+    fixed_set = _with_example(write_rules, path, fixed, fixed, name, verdict.counterexample.graph)
+    again = [r for r in run_examples(fixed_set) if r.description.startswith("counterexample")]
+    assert len(again) == 1 and again[0].passed, again
+
+
+def test_plans_take_the_plainest_case_then_each_single_change_then_pairs():
+    from rewrite.verify import _plans
+
+    def generate(choices):
+        return tuple(choices.choice(range(size)) for size in (3, 2, 2))
+
+    order = list(_plans(generate, 100))
+    assert order[0] == (0, 0, 0)
+    assert len(order) == len(set(order)) == 12  # every combination, each once
+    changes = [sum(v != 0 for v in plan) for plan in order]
+    assert changes == sorted(changes)  # no pair before every single change
+
+
+def test_plans_follow_the_decisions_a_change_adds():
+    from rewrite.verify import _plans
+
+    def generate(choices):  # a rank, then one dim per axis
+        rank = choices.choice((1, 0, 2))
+        return tuple(choices.choice((1, 2)) for _ in range(rank))
+
+    shapes = set(_plans(generate, 100))
+    assert shapes == {(), (1,), (2,), (1, 1), (2, 1), (1, 2), (2, 2)}
+
+
+def _generated(rule_name: str, budget: int):
+    from rewrite.verify import _Generator, _plans
+
+    (rule,) = SHIPPED.only(rule_name).rules
+    return [i for i in _plans(_Generator(rule).instance, budget, root=((0, 0),)) if i is not None]  # generated
+
+
+def test_the_small_scope_reaches_every_rank_dim_and_opset():
+    instances = _generated("remove_broadcast_expand", 400)
+    ranks = {len(dims) for i in instances for _, _, dims in i.inputs}
+    dims = {d for i in instances for _, _, shape in i.inputs for d in shape}
+    assert ranks >= {0, 1, 2, 3, 4}
+    assert dims >= {0, 1, 2, 3, "B"}
+    assert {i.opset for i in instances} >= {None, 1, 6, 7, 21}
+    shapes = [o["shape"] for i in instances for _, t, o in i.ops if t == "Expand" and isinstance(o.get("shape"), list)]
+    inputs = {n: d for i in instances for n, _, d in i.inputs}
+    assert any(len(s) > len(inputs.get("in0", [])) for s in shapes)  # wider than the anchor's input
+    assert any(0 in s for s in shapes)
+
+
+def test_the_small_scope_gives_inner_values_other_uses_aliases_and_block_outputs():
+    instances = _generated("narrow_broadcast_tile", 400)
+    inner = "anchor_x"  # the tile inside `broadcasting(%t, %other)`, made for the anchor's operand x
+    assert any(inner in i.outputs for i in instances)
+    assert any(op[0] == f"{inner}_use" for i in instances for op in i.ops)
+    assert any(t != "tile" and [getattr(v, "name", None) for v in o.values()].count(inner) == 2
+               for i in instances for _, t, o in i.ops)  # the tile as both operands of the anchor
+
+
+def test_float_constants_take_the_edge_values():
+    instances = _generated("remove_scaling_by_one", 400)
+    values = {repr(v) for i in instances for _, _, o in i.ops for v in o.values() if isinstance(v, float)}
+    assert {"nan", "inf", "-inf", "0.0", "-0.0", "1e-45", repr(float(np.finfo(np.float32).max))} <= values

@@ -610,8 +610,12 @@ class MilAdapter:
         self._changed = True
         self._has_constexpr = self._has_constexpr or op_type.startswith("constexpr_")
         arguments = {k: _operand(v) for k, v in operands.items() if v is not None}
+        previous = _op_before(block, before)
         with _in_block(block):
             result = builder(**arguments, before_op=before, name=self._unique_name(name))
+        # The new op and the consts the builder made for its constant operands
+        # stand for `before`, the op the rule matched: they carry its scopes.
+        _inherit_scopes(_ops_between(block, previous, before), before, _rule_of(name))
         return result[0] if isinstance(result, (list, tuple)) else result
 
     def _unique_name(self, name: str) -> str:
@@ -646,8 +650,10 @@ class MilAdapter:
             if id(new) in function_inputs or id(new) in function_outputs:
                 # A function output must keep its own name, and an input's or
                 # another output's name cannot be given away: bridge with identity.
+                previous = _op_before(block, old.op)
                 with _in_block(block):
                     new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
+                _inherit_scopes(_ops_between(block, previous, old.op), old.op, None)
         consumers = self.consumers(old)
         anchor = old.op
         block.replace_uses_of_var_after_op(
@@ -705,6 +711,93 @@ class MilAdapter:
             for function in self.program.functions.values():
                 function._propagate_nonreplaceable_vars()
         self._changed = False
+
+    def unknown_dim_origin(self, value: Var, axis: int) -> Operation | None:
+        """The op whose type inference lost dim `axis` of `value` (`Adapter.unknown_dim_origin`).
+
+        Walked through the broadcasting ops' aligned dims, else through any
+        operand with an unknown dim or rank.
+        """
+        from rewrite.engine.interfaces import follow_unknown_dim
+
+        return follow_unknown_dim(self, value, axis)
+
+
+# ---------------------------------------------------------------- scopes
+#
+# coremltools records where each op came from in `op.scopes`: the torch
+# module (TORCHSCRIPT_MODULE_NAME/TYPE), the torch.export stack trace
+# (EXIR_STACK_TRACE, EXIR_DEBUG_HANDLE), and the graph passes that made it
+# (COREMLTOOLS_GRAPH_PASS). A torch conversion declares the frontend's
+# sources essential and checks every op has them after each
+# dead_code_elimination. coremltools' own passes give an op they create the
+# scopes of the var it replaces (`Block._copy_scope_info`), but only through
+# `replace_uses_of_var_after_op`, and only for ops made under a graph-pass
+# scope alone; a rule also widens operands in place and runs outside any
+# pass. So the adapter sets the scopes itself, the same way.
+
+
+def _op_before(block: Block, op: Operation) -> Operation | None:
+    """The op right before `op` in `block`, or None if `op` is first."""
+    operations = block.operations
+    if isinstance(operations, list):
+        index = operations.index(op)
+        return operations[index - 1] if index else None
+    node = operations._get_node_from_op(op).prev
+    return None if node is None else node.op
+
+
+def _ops_between(block: Block, previous: Operation | None, op: Operation) -> list[Operation]:
+    """The ops now between `previous` (None: the block's start) and `op`: those just inserted before `op`."""
+    operations = block.operations
+    if isinstance(operations, list):
+        end = operations.index(op)
+        start = 0 if previous is None else operations.index(previous) + 1
+        return operations[start:end]
+    inserted = []
+    node = operations._get_node_from_op(op).prev
+    while node is not None and node.op is not previous:
+        inserted.append(node.op)
+        node = node.prev
+    return inserted
+
+
+def _rule_of(name: str) -> str:
+    # The engine names a new op "<rule>_<serial>" (before `_unique_name` may add
+    # a suffix of its own, which `name` here does not have yet).
+    rule, _, serial = name.rpartition("_")
+    return rule if rule and serial.isdigit() else name
+
+
+def _inherit_scopes(ops: Sequence[Operation], source: Operation, rule: str | None) -> None:
+    """Give `ops` the scopes of `source`, with the graph pass running (if any)
+    and `rule` appended to its COREMLTOOLS_GRAPH_PASS history, as coremltools'
+    `add_graph_pass_scope` records a pass."""
+    from coremltools.converters.mil.mil.scope import (
+        SCOPE_STACK,
+        VALID_OPS_TO_COPY_SCOPE_INFO,
+        ScopeSource,
+        add_graph_pass_scope,
+    )
+
+    current = SCOPE_STACK.get_curr_scopes()
+    history = list(current.get(ScopeSource.COREMLTOOLS_GRAPH_PASS, ()))
+    if rule is not None:
+        history.append(rule)
+    for op in ops:
+        scopes = add_graph_pass_scope(
+            source.scopes, {ScopeSource.COREMLTOOLS_GRAPH_PASS: history} if history else {}
+        )
+        # A scope the caller opened around the run, that `source` has no entry of.
+        for key, value in current.items():
+            if key not in scopes and value:
+                scopes[key] = list(value)
+        op.scopes = scopes
+        # Inside a pass coremltools would merge the replaced var's scopes into
+        # these once more when a use is replaced (and assert on the result):
+        # they are final already.
+        if VALID_OPS_TO_COPY_SCOPE_INFO:
+            VALID_OPS_TO_COPY_SCOPE_INFO[-1].discard(op)
 
 
 # Ops whose output shape follows from their operands' shapes or values.
@@ -992,9 +1085,9 @@ def save_mlpackage(program: Program, path: str | os.PathLike, source: MilSource 
     added. The source is only read.
 
     `program` may be modified: coremltools' backend passes (which e.g. fuse
-    x * sigmoid(x) into silu and sanitise names) run on it in place. Copying
-    it first is not possible in general, since `copy.deepcopy` recurses along
-    the use-def chain and fails on programs of more than ~70 ops in a row.
+    x * sigmoid(x) into silu and sanitise names) run on it in place. To keep
+    it, save a `copy_program` of it (not a `copy.deepcopy`, which recurses
+    along the use-def chain and fails past ~70-300 ops in a row).
 
     A `path` ending in `.mlmodel` gets a bare model file, which only a
     program without weight files fits in. Folders are created with mode
@@ -1345,13 +1438,14 @@ def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
 # ---------------------------------------------------------------- examples
 
 
-def build_example(inputs, ops, outputs, nested_by: str | None = None) -> Program:
+def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: str | None = None) -> Program:
     """A program from a rule example: `inputs` are (name, dtype, dims) with
     named dims symbolic, `ops` are (name, op type, operands), operands being
     `NamedValue`s or constants; `outputs` are names.
 
     With `nested_by` (an fp32[1] input), the ops go into both branches of a
     `cond` on that input being positive, so they live in nested blocks.
+    `opset` names the deployment target (`iOS15` to `iOS18`, the default).
     """
     from coremltools.converters.mil.mil import Function, get_new_symbol
 
@@ -1365,16 +1459,23 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None) -> Program
         for name, dtype, dims in inputs
     }
     program = Program()
-    with Function(placeholders, opset_version=ct.target.iOS18) as function:
+    target = getattr(ct.target, opset or "iOS18", None)
+    if target is None or not str(opset or "iOS18").startswith("iOS"):
+        raise MilError(f"unknown deployment target '{opset}' (iOS15 to iOS18)")
+    with Function(placeholders, opset_version=target) as function:
         inputs_by_name = {name: function.inputs[name] for name in placeholders}
 
         def body(suffix: str = ""):
             values = dict(inputs_by_name)
             for name, op_type, operands in ops:
-                arguments = {
-                    key: values[value.name] if isinstance(value, NamedValue) else _operand(value)
-                    for key, value in operands.items()
-                }
+                def resolve(value):
+                    if isinstance(value, NamedValue):
+                        return values[value.name]
+                    if isinstance(value, tuple):  # a variadic operand: `values=(%a, %b)`
+                        return tuple(resolve(item) for item in value)
+                    return _operand(value)
+
+                arguments = {key: resolve(value) for key, value in operands.items()}
                 result = getattr(mb, op_type)(**arguments, name=name + suffix)
                 values[name] = result[0] if isinstance(result, (list, tuple)) else result
             return tuple(values[name] for name in outputs)
@@ -1391,7 +1492,83 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None) -> Program
 
 
 def copy_program(program: Program) -> Program:
-    return copy.deepcopy(program)
+    """An independent copy of `program`, as `copy.deepcopy` makes it, at any length.
+
+    `copy.deepcopy` follows a var to its consumers and on, one Python frame per
+    op, and fails past ~70-300 ops in a row. Here every graph object (program,
+    functions and nested blocks, ops, vars, their op lists) is first found by
+    an explicit walk and given an empty twin; then each object's fields are
+    deep-copied with all twins already known, so that copying never goes
+    further than one object's own fields (types, values, scopes).
+    """
+    return _copy_graph(program)
+
+
+def _graph_classes() -> tuple[type, ...]:
+    from coremltools.converters.mil.mil.program import Placeholder
+    from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList, OpNode
+
+    return (Program, Block, Operation, Var, OpNode, CacheDoublyLinkedList, Placeholder)
+
+
+@functools.cache
+def _slot_names(cls: type) -> tuple[str, ...]:
+    return tuple(
+        name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ())
+        if name not in ("__dict__", "__weakref__")
+    )
+
+
+_UNSET = object()
+
+
+def _fields(obj) -> list[tuple[str, bool, Any]]:
+    """(name, is a slot, value) of every field `obj` has set."""
+    fields = []
+    for name in _slot_names(type(obj)):
+        value = getattr(obj, name, _UNSET)
+        if value is not _UNSET:
+            fields.append((name, True, value))
+    state = getattr(obj, "__dict__", None)
+    if state is not None:
+        fields.extend((name, False, value) for name, value in state.items())
+    return fields
+
+
+def _copy_graph(root):
+    from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+
+    graph_classes = _graph_classes()
+    containers = (list, tuple, set, frozenset, dict)
+    found: dict[int, Any] = {}
+    pending = [root]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, containers):
+            pending.extend(item)
+        elif isinstance(item, graph_classes) and not isinstance(item, type) and id(item) not in found:
+            found[id(item)] = item
+            pending.extend(value for _, _, value in _fields(item))
+    # The shared end-of-list sentinel is compared by identity: it stays itself.
+    sentinel = CacheDoublyLinkedList.INVALID_NODE
+    memo: dict[int, Any] = {id(sentinel): sentinel}
+    for key, item in found.items():
+        if item is not sentinel:
+            memo[key] = object.__new__(type(item))
+    for key, item in found.items():
+        if item is sentinel:
+            continue
+        twin = memo[key]
+        for name, is_slot, value in _fields(item):
+            value = copy.deepcopy(value, memo)
+            if is_slot:
+                object.__setattr__(twin, name, value)
+            else:
+                twin.__dict__[name] = value
+    return memo[id(root)]
 
 
 def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rewrite.backends import onnx_files, onnx_shapes
-from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature
+from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature, follow_unknown_dim
 
 DIALECT = "onnx"
 
@@ -396,6 +396,16 @@ class OnnxAdapter:
     def dtype(self, value: Value) -> str | None:
         return value.dtype
 
+    def op_available(self, op_type: str) -> bool | None:
+        """Whether the default domain has `op_type` at this model's opset."""
+        if self.SCHEMA_NAMES is None:
+            OnnxAdapter.SCHEMA_NAMES = frozenset(s.name for s in onnx.defs.get_all_schemas() if s.domain == "")
+        if op_type not in self.SCHEMA_NAMES:
+            return None
+        return _schema_at(op_type, self.opset) is not None
+
+    SCHEMA_NAMES: frozenset[str] | None = None
+
     def broadcast_operands(self, op: Node) -> tuple[Value, ...] | None:
         """The operands an op broadcasts multidirectionally into its output, at this model's opset.
 
@@ -410,6 +420,14 @@ class OnnxAdapter:
         if since is None or self.opset < since:
             return None
         return tuple(value for value in op.inputs if value is not None)
+
+    def unknown_dim_origin(self, value: Value, axis: int) -> Node | None:
+        """The node whose shape inference (`onnx_shapes`) lost dim `axis` of `value`.
+
+        Followed through the axes the inference rules map (elementwise,
+        broadcasting, Concat, Transpose); None when an input was declared so.
+        """
+        return follow_unknown_dim(self, value, axis, onnx_shapes.carried_axes)
 
     def constant(self, value: Value):
         if value._constant is None:
@@ -854,20 +872,23 @@ _EXAMPLE_OPSET = 18
 _ELEMENT_TYPES = {name: elem_type for elem_type, name in onnx_shapes._DTYPE_NAMES.items()}
 
 
-def build_example(inputs, ops, outputs, nested_by: str | None = None) -> onnx.ModelProto:
-    """A model from a rule example (see `rewrite.backends.mil.build_example`), at opset 18.
+def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: int | None = None) -> onnx.ModelProto:
+    """A model from a rule example (see `rewrite.backends.mil.build_example`), at `opset` (default 18).
 
     With `nested_by` (a bool scalar input), the ops go into both branches of
     an `If` on it, so they live in subgraphs.
     """
+    opset = _EXAMPLE_OPSET if opset is None else int(opset)
+    if not 1 <= opset <= onnx.defs.onnx_opset_version():
+        raise OnnxError(f"opset {opset} is not one this onnx knows (1 to {onnx.defs.onnx_opset_version()})")
     graph_inputs = [
         helper.make_tensor_value_info(name, _ELEMENT_TYPES[dtype], list(dims)) for name, dtype, dims in inputs
     ]
     nodes, initializers = [], []
     for name, op_type, operands in ops:
-        schema = _schema_at(op_type, _EXAMPLE_OPSET)
+        schema = _schema_at(op_type, opset)
         if schema is None:
-            raise OnnxError(f"operator '{op_type}' does not exist at opset {_EXAMPLE_OPSET}")
+            raise OnnxError(f"operator '{op_type}' does not exist at opset {opset}")
         node_inputs: list[str] = []
         for parameter in schema.inputs:
             operand = operands.get(parameter.name)
@@ -878,7 +899,8 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None) -> onnx.Mo
                     node_inputs.append(item.name)
                 else:
                     array = np.asarray(item)
-                    array = array.astype(np.float32 if array.dtype.kind == "f" else array.dtype)
+                    if not isinstance(item, (np.ndarray, np.generic)) and array.dtype.kind == "f":
+                        array = array.astype(np.float32)  # a plain literal; a typed one keeps its dtype
                     constant = f"{name}_{parameter.name}_{len(initializers)}"
                     initializers.append(numpy_helper.from_array(array, constant))
                     node_inputs.append(constant)
@@ -891,7 +913,7 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None) -> onnx.Mo
     graph = helper.make_graph(
         nodes, "example", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializers
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _EXAMPLE_OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     # Let onnx type the outputs, so that the example needs to say nothing of them.
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {info.name: info.type for info in list(inferred.graph.value_info) + list(inferred.graph.output)}

@@ -313,8 +313,15 @@ def _tile(adapter, node):
     shape, repeats = _shape(node, 0), _ints(adapter, node, 1)
     if shape is None:
         return [(None, _dtype(node))]
-    if repeats is None or len(repeats) != len(shape):
-        return [((UNKNOWN,) * len(shape), _dtype(node))]
+    if repeats is None:
+        # The spec wants one repeat per axis; onnxruntime runs other lengths
+        # too and changes the rank, so the rank is known only from a length
+        # that matches.
+        length = _shape(node, 1)
+        known = length is not None and len(length) == 1 and length[0] == len(shape)
+        return [((UNKNOWN,) * len(shape) if known else None, _dtype(node))]
+    if len(repeats) != len(shape):
+        return [(None, _dtype(node))]
     return [(tuple(dims.multiply(d, r) for d, r in zip(shape, repeats)), _dtype(node))]
 
 
@@ -672,6 +679,48 @@ _RULES = {
        "ReduceLogSum ReduceLogSumExp ReduceSumSquare".split()},
 }
 _RULES["CastLike"] = lambda adapter, node: [(_shape(node, 0), _dtype(node, 1))]
+
+# ---------------------------------------------------------------- provenance
+
+
+def carried_axes(node: Node, axis: int) -> list[tuple[Value, int | None]] | None:
+    """The input dims dim `axis` of `node`'s first output is inferred from.
+
+    As (input, axis) pairs, with axis None for an input of unknown rank;
+    None where the rules above do not map an output axis to input axes
+    (the caller then looks at every input). Used to find the node whose
+    inference lost a dim, not to infer anything.
+    """
+    kind = _AXIS_MAPS.get(node.type)
+    if kind is None or not node.outputs or node.outputs[0] is None or node.outputs[0].shape is None:
+        return None
+    rank = len(node.outputs[0].shape)
+    inputs = [v for v in node.inputs if v is not None]
+    if kind == "same":
+        return [(inputs[0], axis)] if inputs else None
+    if kind == "broadcast":
+        pairs = []
+        for value in inputs:
+            if value.shape is None:
+                pairs.append((value, None))
+            elif axis - (rank - len(value.shape)) >= 0:
+                pairs.append((value, axis - (rank - len(value.shape))))
+        return pairs
+    if kind == "concat":
+        return [(value, axis if value.shape is not None else None) for value in inputs]
+    if kind == "transpose":
+        perm = _attr(node, "perm")
+        perm = list(reversed(range(rank))) if perm is None else list(perm)
+        return [(inputs[0], perm[axis])] if inputs and axis < len(perm) else None
+    return None
+
+
+_AXIS_MAPS = {
+    **{name: "same" for name in _UNARY + ["Cast", "CastLike", "Identity"]},
+    **{name: "broadcast" for name in _BROADCASTING + _COMPARISONS + ["Where"]},
+    "Concat": "concat",
+    "Transpose": "transpose",
+}
 
 _CONTENTS = {
     "Shape": _shape_contents,

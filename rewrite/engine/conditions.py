@@ -667,6 +667,38 @@ def _lowest(adapter, dtype):
         return UNKNOWN
 
 
+# bfloat16 has fp32's exponent and 8 bits of precision; numpy has no such type.
+_BF16_MAX = float.fromhex("0x1.fep127")
+
+
+def _finite_range(dtype) -> tuple[int | float, int | float] | None:
+    """The most negative and the largest finite value of `dtype`, as Python numbers."""
+    if not isinstance(dtype, str):
+        return None
+    if dtype == "bf16":
+        return -_BF16_MAX, _BF16_MAX
+    if dtype == "bool":
+        return 0, 1
+    kind = _NUMPY_TYPES.get(dtype)
+    if kind is None:
+        return None
+    if np.issubdtype(kind, np.floating):
+        info = np.finfo(kind)
+        return float(info.min), float(info.max)
+    info = np.iinfo(kind)
+    return int(info.min), int(info.max)
+
+
+def _max_finite(adapter, dtype):
+    found = _finite_range(dtype)
+    return UNKNOWN if found is None else found[1]
+
+
+def _lowest_finite(adapter, dtype):
+    found = _finite_range(dtype)
+    return UNKNOWN if found is None else found[0]
+
+
 def _max_of(adapter, items):
     flat = np.asarray(items, dtype=object).reshape(-1).tolist() if isinstance(items, list) else [items]
     if not flat or not all(is_literal(v) for v in flat):
@@ -895,6 +927,8 @@ _BUILTINS: dict[str, Callable] = {
     "contains": _contains,
     "gather": _gather,
     "lowest": _lowest,
+    "max_finite": _max_finite,
+    "lowest_finite": _lowest_finite,
     "zero_of": _zero_of,
     "max_of": _max_of,
     "normalized_axes": _normalized_axes,

@@ -20,7 +20,7 @@ from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
-from rewrite.engine.rewriter import Rewriter, RewriteRefused, remove_dead
+from rewrite.engine.rewriter import Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.language import ast
 from rewrite.predicates import Predicate
 
@@ -35,6 +35,8 @@ class RuleStatistics:
     attempts: int = 0
     fires: int = 0
     refused: int = 0  # matched and held, but the shape guard could not prove the rewrite
+    unevaluable: int = 0  # matched and held, but an operand to build had no value (say `uniform` of NaNs),
+    # or an op to build is not available at the program's target
     seconds: float = 0.0
 
 
@@ -57,6 +59,11 @@ class Statistics:
         """Rewrites the shape guard refused, over all rules."""
         return sum(r.refused for r in self.rules.values())
 
+    @property
+    def unevaluable(self) -> int:
+        """Rewrites not made because an operand to build had no value, over all rules."""
+        return sum(r.unevaluable for r in self.rules.values())
+
     def fired(self, rule: str) -> int:
         return self.rules[rule].fires if rule in self.rules else 0
 
@@ -68,7 +75,7 @@ class Statistics:
             "ops_after": self.ops_after,
             "rules": {
                 name: {"attempts": r.attempts, "fires": r.fires, "refused": r.refused,
-                       "seconds": round(r.seconds, 6)}
+                       "unevaluable": r.unevaluable, "seconds": round(r.seconds, 6)}
                 for name, r in self.rules.items()
             },
         }
@@ -142,7 +149,9 @@ class Driver:
         self.max_sweeps = max_sweeps
         # A rule author asked to hear about a rewrite the guard refuses.
         self.check_types = check_types
-        self.refusals: list[tuple[str, Op, Refusal]] = []
+        # Rewrites not made although the rule held: the guard's refusals and
+        # operands without a value, with the rule and the anchor.
+        self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
         self.matcher = Matcher(adapter)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
         self.compiled = CompiledConditions(self.evaluator)
@@ -234,8 +243,14 @@ class Driver:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
                 remove_dead(self.adapter, refused.built)
-                statistics.refused += 1
                 self.refusals.append((rule.name, anchor, refused.refusal))
+                if isinstance(refused.refusal, (Unevaluable, Unavailable)):
+                    # The rule's own rewrite says "not here", as a condition
+                    # would (no value to build with, or an op the target
+                    # lacks): no type is at stake, so checked mode says nothing.
+                    statistics.unevaluable += 1
+                    return False
+                statistics.refused += 1
                 if self.check_types:
                     raise UnsoundRewriteError(
                         rule.name, f"the shape guard refused it: {refused.refusal}"

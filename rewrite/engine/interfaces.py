@@ -7,13 +7,13 @@ values and blocks as opaque handles: it only hashes them, compares them with
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from rewrite.engine.logic import Dim
+from rewrite.engine.logic import UNKNOWN, Dim
 
 Op = Hashable
 Value = Hashable
@@ -144,6 +144,14 @@ class Adapter(Protocol):
         put in for symbols the IR made up; asked only for dims `shape` leaves
         symbolic, since following the arithmetic costs more."""
 
+    def unknown_dim_origin(self, value: Value, axis: int) -> Op | None:
+        """Optional. The op whose shape inference lost dim `axis` of `value`
+        (a dim `shape` gives as unknown): the first op up `value`'s producers
+        whose output has that dim unknown while its inputs had it known.
+        None when no op lost it (an input was declared so) or the adapter
+        cannot tell. `follow_unknown_dim` does the walk for an adapter.
+        `rewrite explain` names this op where a condition failed on a `?`."""
+
     def op_available(self, op_type: str) -> bool | None:
         """Optional. Whether new ops of `op_type` may be built in this program
         (its opset or deployment target has them); None if it cannot tell."""
@@ -186,3 +194,73 @@ class Adapter(Protocol):
     def release(self) -> None:
         """Optional. Called by `RuleSet.apply`, which made the adapter, once it
         is done with it: drop whatever index the adapter built."""
+
+
+# ---------------------------------------------------------------- helpers for adapters
+
+# (op, axis of its output) -> the (operand, axis) pairs that dim is computed
+# from, axis None for an operand of unknown rank; None when the adapter does
+# not know how the op maps axes.
+AxisMap = Callable[[Op, int], "Sequence[tuple[Value, int | None]] | None"]
+
+# Beyond any chain of producers worth walking to explain one dim.
+_MAX_STEPS = 100_000
+
+
+def follow_unknown_dim(adapter: Adapter, value: Value, axis: int, carried: AxisMap | None = None) -> Op | None:
+    """`Adapter.unknown_dim_origin` by walking producers: the op that lost dim `axis` of `value`.
+
+    At each op the walk asks `carried` which operand dims the unknown one is
+    computed from (by default, for the ops the adapter says broadcast, the
+    right-aligned dims of those operands). If one of them is unknown too, the
+    dim was lost further up, and the walk follows the first such operand.
+    Otherwise this op lost it. Where the axes do not map, the walk follows
+    the first operand with any unknown dim or rank; an op none of whose
+    operands has one lost the dim itself.
+    """
+    shape = adapter.shape(value)
+    if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] is not UNKNOWN:
+        return None
+    position: int | None = axis % len(shape)
+    broadcast = getattr(adapter, "broadcast_operands", None)
+    for _ in range(_MAX_STEPS):
+        op = adapter.producer(value)
+        if op is None:
+            return None  # an input declared so: no op lost it
+        mapped = carried(op, position) if carried is not None and position is not None else None
+        if mapped is None and position is not None and broadcast is not None:
+            mapped = _right_aligned(adapter, broadcast(op), value, position)
+        if mapped is None:
+            mapped = [(operand, None) for operand in adapter.operands(op)]
+        upstream = next(((v, a) for v, a in mapped if _unknown_at(adapter, v, a)), None)
+        if upstream is None:
+            return op
+        value, position = upstream
+    return None
+
+
+def _right_aligned(adapter: Adapter, operands, output: Value, axis: int):
+    """The dims that broadcast into dim `axis` of `output` (numpy's right alignment)."""
+    if operands is None:
+        return None
+    rank = len(adapter.shape(output))
+    pairs = []
+    for operand in operands:
+        shape = adapter.shape(operand)
+        if shape is None:
+            pairs.append((operand, None))
+        elif axis - (rank - len(shape)) >= 0:
+            pairs.append((operand, axis - (rank - len(shape))))
+    return pairs
+
+
+def _unknown_at(adapter: Adapter, value: Value, axis: int | None) -> bool:
+    """Whether `value`'s dim `axis` (any dim, for None) or its rank is unknown."""
+    if value is None or isinstance(value, tuple):
+        return False
+    shape = adapter.shape(value)
+    if shape is None:
+        return True
+    if axis is None:
+        return any(dim is UNKNOWN for dim in shape)
+    return 0 <= axis < len(shape) and shape[axis] is UNKNOWN

@@ -5,13 +5,19 @@ Matching is a generator of environments: an op pattern whose operands are
 ways, and conditions later pick the first way that satisfies them.
 Environments are plain dicts from `%var` to graph values (or tuples of
 values for rest operands); a binding step copies before it extends.
+
+`Matcher.mismatch` says why a rule does not match: it matches again with a
+trace that keeps the failure that got furthest (the innermost sub-pattern,
+and the ops on the way to it). The trace costs a test of one attribute at
+a few places when off, so deciding pays nearly nothing for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import permutations
+from typing import Any
 
 from rewrite.engine.interfaces import Adapter, Op, Value
 from rewrite.language import ast
@@ -29,6 +35,80 @@ class _Absent:
 ABSENT = _Absent()
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Where matching a rule got furthest before it failed.
+
+    `pattern` is the sub-pattern that failed (an `OpPattern`, `Bind` or
+    `Operand`, each with its span); `reason` says what the graph has there
+    instead. `path` leads from the clause's op down to it, as (operand, op)
+    steps: the operand's name (or position) and the op it belongs to. For a
+    `match` clause after the first, `subject` is the value its name had.
+    """
+
+    clause: ast.MatchClause
+    pattern: Any
+    reason: str
+    path: tuple[tuple[str, Op], ...]
+    subject: Any = None
+
+
+class _Trace:
+    """What `Matcher.mismatch` records while matching one rule."""
+
+    def __init__(self, rule: ast.Rule):
+        # id(node) -> (the op pattern it is an operand of, the value pattern
+        # whose slot leads to it); and id(node) -> depth from its clause's op.
+        self.parents: dict[int, tuple[ast.OpPattern, Any]] = {}
+        self.depth: dict[int, int] = {}
+        self.clauses: dict[int, ast.MatchClause] = {}
+        self.anchor = rule.anchor
+        for clause in rule.matches:
+            self.clauses[id(clause.pattern)] = clause
+            self._walk(clause.pattern, 0)
+        # Where matching is now: the op each op pattern is being matched
+        # against, and the operand each value pattern stands at. A pattern
+        # node has one place in its tree, so the latest entry is the one
+        # being matched when a failure below it is recorded.
+        self.ops: dict[int, Op] = {}
+        self.slots: dict[int, str] = {}
+        self.best: Mismatch | None = None
+        self._score: tuple[int, int] = (-1, -1)
+
+    def _walk(self, pattern: ast.OpPattern, depth: int) -> None:
+        self.depth[id(pattern)] = depth
+        for operand in pattern.operands:
+            node = operand.pattern
+            self.parents[id(node)] = (pattern, node)
+            self.depth[id(node)] = depth + 1
+            inner = node if type(node) is ast.OpPattern else getattr(node, "producer", None)
+            if inner is not None:
+                if inner is not node:
+                    self.parents[id(inner)] = (pattern, node)
+                self._walk(inner, depth + 1)
+
+    def fail(self, node, reason: str, env: Environment, at=None) -> None:
+        """Keep this failure if it got further than any so far: more bindings, then deeper.
+
+        `at` is the pattern node whose place the path leads to (default: `node`).
+        """
+        at = node if at is None else at
+        score = (len(env), self.depth.get(id(at), 0))
+        if score <= self._score:
+            return
+        self._score = score
+        path = []
+        current = at
+        while id(current) in self.parents:
+            parent, slot_node = self.parents[id(current)]
+            path.append((self.slots.get(id(slot_node), "?"), self.ops.get(id(parent))))
+            current = parent
+        path.reverse()
+        clause = self.clauses.get(id(current))
+        subject = env.get(clause.var) if clause is not None and clause is not self.anchor else None
+        self.best = Mismatch(clause, node, reason, tuple(path), subject)
+
+
 class Matcher:
     """Matches patterns of one dialect through an adapter."""
 
@@ -37,6 +117,7 @@ class Matcher:
         # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
         # split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
+        self._trace: _Trace | None = None  # only while `mismatch` runs
 
     def _split(self, pattern: ast.OpPattern) -> tuple:
         parts = self._parts.get(id(pattern))
@@ -51,9 +132,28 @@ class Matcher:
             self._parts[id(pattern)] = parts
         return parts
 
+    def mismatch(self, rule: ast.Rule, anchor: Op) -> Mismatch | None:
+        """Why `rule` does not match at `anchor`: the failure that got furthest.
+
+        None if it does match. Tries every way, so it costs what a full
+        failed match costs; meant for explaining, not for deciding.
+        """
+        self._trace = trace = _Trace(rule)
+        try:
+            for _ in self.match_rule(rule, anchor):
+                return None
+        finally:
+            self._trace = None
+        return trace.best
+
     def match_op(self, pattern: ast.OpPattern, op: Op, env: Environment) -> Iterator[Environment]:
         """Every way `op` matches `pattern`, extending `env`."""
+        trace = self._trace
+        if trace is not None:
+            trace.ops[id(pattern)] = op
         if self.adapter.op_type(op) not in pattern.types:
+            if trace is not None:
+                trace.fail(pattern, f"it is {self._op(op)}, not {_expected(pattern)}", env)
             return
         named = self._split(pattern)[1]
         if named and pattern.any_order:
@@ -74,26 +174,43 @@ class Matcher:
             return
         first, rest = operands[0], operands[1:]
         value = self.adapter.operand(op, first.name)
+        trace = self._trace
         if value is None:
             if not first.optional:
+                if trace is not None:
+                    parent = trace.parents.get(id(first.pattern), (None,))[0]
+                    trace.fail(first, f"{self._op(op)} has no operand '{first.name}'", env, at=parent)
                 return
             value = ABSENT
+        if trace is not None:
+            trace.slots[id(first.pattern)] = first.name
         for extended in self.match_value(first.pattern, value, env):
             yield from self._match_named(rest, op, extended)
 
     def _match_positional(self, pattern: ast.OpPattern, op: Op, env: Environment):
         values = list(self.adapter.operands(op))
         _, _, patterns, rest = self._split(pattern)
+        trace = self._trace
         if len(patterns) > len(values) or (rest is None and len(patterns) != len(values)):
+            if trace is not None:
+                wanted = f"{'at least ' if rest is not None else ''}{len(patterns)}"
+                trace.fail(pattern, f"{self._op(op)} has {len(values)} operand(s), the pattern {wanted}", env)
             return
         if len(patterns) == 1 and _is_bound(patterns[0].pattern, env):
             # `op(%bound, %rest...)`: the common shape (an op that uses a value
             # we hold, and its other operands) needs no permutations, only
             # the positions holding that value.
             bound = env[patterns[0].pattern.var]
+            if trace is not None and not any(
+                _same(bound, values[position]) for position in (range(len(values)) if pattern.any_order else (0,))
+            ):
+                where = "any operand" if pattern.any_order else "its first operand"
+                trace.fail(patterns[0], f"{self._value(bound)} is not {where} of {self._op(op)}", env, at=pattern)
             for position in range(len(values)) if pattern.any_order else (0,):
                 if not _same(bound, values[position]):
                     continue
+                if trace is not None and rest is not None:
+                    trace.slots[id(rest.pattern)] = "rest"
                 if rest is None:
                     yield env
                 else:
@@ -107,6 +224,11 @@ class Matcher:
         for order in orders:
             taken = set(order)
             remaining = tuple(v for i, v in enumerate(values) if i not in taken)
+            if trace is not None:
+                for operand, position in zip(patterns, order):
+                    trace.slots[id(operand.pattern)] = f"#{position}"
+                if rest is not None:
+                    trace.slots[id(rest.pattern)] = "rest"
             for extended in self._match_sequence(patterns, [values[i] for i in order], env):
                 if rest is None:
                     yield extended
@@ -131,6 +253,9 @@ class Matcher:
             return
         if pattern.var in env:
             if not _same(env[pattern.var], value):
+                if self._trace is not None:
+                    self._trace.fail(pattern, f"it is {self._value(value)}, but {pattern.var} is already "
+                                              f"{self._value(env[pattern.var])}", env)
                 return
             extended = env
         else:
@@ -142,12 +267,26 @@ class Matcher:
             yield from self._match_producer(pattern.producer, value, extended)
 
     def _match_producer(self, pattern: ast.OpPattern, value: Value, env: Environment):
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) or value is ABSENT:
+            if self._trace is not None:
+                self._trace.fail(pattern, f"it is {self._value(value)}, which no op produces", env)
             return
         op = self.adapter.producer(value)
         if op is None:
+            if self._trace is not None:
+                self._trace.fail(pattern, f"{self._value(value)} is an input: no op produces it", env)
             return
         yield from self.match_op(pattern, op, env)
+
+    def _op(self, op: Op) -> str:
+        return f"'{self.adapter.op_name(op)}' ({self.adapter.op_type(op)})"
+
+    def _value(self, value) -> str:
+        if value is ABSENT:
+            return "absent"
+        if isinstance(value, tuple):
+            return f"a rest of {len(value)} operand(s)"
+        return f"%{self.adapter.value_name(value)}"
 
     def match_rule(self, rule: ast.Rule, anchor: Op) -> Iterator[Environment]:
         """Every way the rule's `match` clauses fit, with `anchor` as the first."""
@@ -169,6 +308,15 @@ class Matcher:
             candidates = self._match_producer(clause.pattern, env[clause.var], env)
         for extended in candidates:
             yield from self._match_clauses(clauses, index + 1, anchor, extended)
+
+
+def _expected(pattern: ast.OpPattern) -> str:
+    """What an op pattern asks for: its op, or its class with the members."""
+    if pattern.types == frozenset((pattern.op,)):
+        return pattern.op
+    members = sorted(pattern.types)
+    shown = ", ".join(members[:6]) + (", ..." if len(members) > 6 else "")
+    return f"{pattern.op} ({shown})"
 
 
 def _is_bound(pattern, env: Environment) -> bool:

@@ -4,24 +4,144 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
 from rewrite.engine.conditions import Evaluator
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Op, Value
-from rewrite.engine.matcher import Environment
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth
+from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.language import ast
 
 
-class RewriteRefused(Exception):
-    """The shape guard could not prove a rewrite keeps its consumers' types; nothing was replaced.
+@dataclass(frozen=True)
+class Unevaluable:
+    """A rewrite value with nothing to build with: the rule does not fire.
 
-    `built` are the ops the rewrite had already built; no value uses them yet.
+    `argument` is the operand being built (`name=expr`), `expression` the
+    innermost part of it that has no value (all its own parts have one), and
+    `value` what that part evaluated to.
     """
 
-    def __init__(self, refusal: Refusal, built: list[Op]):
+    argument: ast.Argument
+    expression: Any
+    value: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"the value of operand '{self.argument.name}' ({self.expression.span}) cannot be "
+                f"evaluated: {self.reason}")
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A rewrite that would build an op the program's target does not have
+    (Core ML's `fill_like` before iOS 16, an ONNX op newer than the model's
+    opset): the rule does not fire."""
+
+    op_type: str
+    span: ast.Span
+
+    def __str__(self) -> str:
+        return f"'{self.op_type}' ({self.span}) is not available at the program's target"
+
+
+class RewriteRefused(Exception):
+    """A rewrite was not carried out; nothing was replaced.
+
+    `refusal` says why: a `Refusal` when the shape guard could not prove a
+    replacement keeps its consumers' types, an `Unevaluable` when an operand
+    to build has no value. `built` are the ops the rewrite had already
+    built; no value uses them yet.
+    """
+
+    def __init__(self, refusal: Refusal | Unevaluable | Unavailable, built: list[Op]):
         super().__init__(str(refusal))
         self.refusal = refusal
         self.built = built
+
+
+class _NoValue(Exception):
+    def __init__(self, unevaluable: Unevaluable):
+        self.unevaluable = unevaluable
+
+
+def why_no_value(value: Any) -> str | None:
+    """Why `value` cannot be an operand of an op being built; None if it can.
+
+    Unknown stands for "not read off the graph": building it would put a
+    made-up constant into the program. A symbolic dim is a size only known
+    at run time, and an absent operand is nothing to build with.
+    """
+    if value is UNKNOWN or value is Truth.UNKNOWN:
+        return "it is unknown"
+    if isinstance(value, Symbol):
+        return f"it is the symbolic dim {value.name}, not a number"
+    if value is ABSENT:
+        return "it is an absent operand"
+    if isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            reason = why_no_value(item)
+            if reason is not None:
+                return f"element {position} {reason.removeprefix('it ')}"
+    return None
+
+
+def find_unevaluable(evaluator: Evaluator, arguments: Sequence[ast.Argument], env: Environment) -> Unevaluable | None:
+    """The first of `arguments` that has no value to build with, narrowed to the
+    innermost part of it that has none; None when every one has a value."""
+    for argument in arguments:
+        value = evaluate_argument(evaluator, argument.value, env)
+        reason = why_no_value(value)
+        if reason is not None:
+            expression, value = _innermost(evaluator, argument.value, value, env)
+            return Unevaluable(argument, expression, value, why_no_value(value) or reason)
+    return None
+
+
+def evaluate_argument(evaluator: Evaluator, expr, env: Environment) -> Any:
+    """The value of an operand of an op being built (a tuple for a variadic one)."""
+    if isinstance(expr, ast.TupleExpr):
+        return tuple(evaluator.value(item, env) for item in expr.items)
+    return evaluator.value(expr, env)
+
+
+def _innermost(evaluator: Evaluator, expr, value, env: Environment) -> tuple[Any, Any]:
+    """Follow the parts without a value down to one whose own parts all have one."""
+    while True:
+        for part in subexpressions(evaluator, expr, env):
+            try:
+                part_value = evaluate_argument(evaluator, part, env)
+            except (KeyError, TypeError, ValueError, ArithmeticError):
+                continue  # a part that reads a variable bound inside expr (a comprehension's)
+            if why_no_value(part_value) is not None:
+                expr, value = part, part_value
+                break
+        else:
+            return expr, value
+
+
+def subexpressions(evaluator: Evaluator, expr, env: Environment) -> list:
+    """The subexpressions `expr`'s value is computed from (of a conditional, the branch taken)."""
+    if isinstance(expr, ast.Conditional):
+        # Only the branch taken made the value.
+        taken = expr.then if evaluator.truth(expr.condition, env) is Truth.YES else expr.otherwise
+        return [taken]
+    parts = []
+    for field in fields(expr):
+        if field.name == "span":
+            continue
+        _collect(getattr(expr, field.name), parts)
+    return parts
+
+
+def _collect(item, parts: list) -> None:
+    if isinstance(item, tuple):
+        for element in item:
+            _collect(element, parts)
+    elif is_dataclass(item) and not isinstance(item, (ast.Span, ast.OpPattern)):
+        parts.append(item)
 
 
 class Rewriter:
@@ -29,7 +149,9 @@ class Rewriter:
 
     A rule's actions are carried out in three steps: build every new op,
     let the shape guard check every replacement against the graph as it was
-    matched, then replace. A refusal therefore leaves no use changed.
+    matched, then replace. A refusal therefore leaves no use changed, and so
+    does an operand with no value to build with (say `uniform(%c)` of a
+    constant holding NaN): that rewrite does not happen either.
     """
 
     def __init__(self, adapter: Adapter, evaluator: Evaluator):
@@ -37,15 +159,50 @@ class Rewriter:
         self.evaluator = evaluator
         self.guard = ShapeGuard(adapter)
         self._serial = itertools.count()
+        self._op_available = getattr(adapter, "op_available", None)
+        self._available: dict[str, bool] = {}  # by op type: the target does not change during a run
 
     def apply(self, rule: ast.Rule, env: Environment, anchor: Op) -> list[Op]:
         """Run every action of `rule`; return the ops that may now be dead.
 
-        Raises `RewriteRefused` if the guard cannot prove every replacement.
+        Raises `RewriteRefused` if the guard cannot prove every replacement,
+        or if an operand to build cannot be evaluated.
         """
-        adapter = self.adapter
+        missing = self._unavailable(rule)
+        if missing is not None:
+            raise RewriteRefused(missing, [])
         env = dict(env)
         built: list[Op] = []
+        try:
+            replacements = self._build_all(rule, env, anchor, built)
+        except _NoValue as missing:
+            raise RewriteRefused(missing.unevaluable, built) from None
+        for old, new, within in replacements:
+            refusal = self.guard.check(old, new, None if within is None else [within])
+            if refusal is not None:
+                raise RewriteRefused(refusal, built)
+        return self._replace(replacements, anchor, built)
+
+    def _unavailable(self, rule: ast.Rule) -> Unavailable | None:
+        """The first op `rule` builds that the program's target provably lacks."""
+        if self._op_available is None:
+            return None
+        for action in rule.actions:
+            build = action.build if isinstance(action, ast.BuildAction) else getattr(action, "replacement", None)
+            if not isinstance(build, ast.OpBuild):
+                continue
+            available = self._available.get(build.op)
+            if available is None:
+                # Unknown (an op type the backend cannot look up) is left to
+                # the build, which names it; only a proved absence refuses.
+                available = self._available[build.op] = self._op_available(build.op) is not False
+            if not available:
+                return Unavailable(build.op, build.span)
+        return None
+
+    def _build_all(self, rule: ast.Rule, env: Environment, anchor: Op, built: list[Op]) -> list:
+        """Build every new op (into `built`, as it goes); return the replacements to make."""
+        adapter = self.adapter
         replacements: list[tuple[Value, Value, Op | None]] = []
         for action in rule.actions:
             if isinstance(action, ast.BuildAction):
@@ -68,10 +225,10 @@ class Rewriter:
                 if new is not None and adapter.producer(new) is not None:
                     built.append(adapter.producer(new))
             replacements.append((old, new, None))
-        for old, new, within in replacements:
-            refusal = self.guard.check(old, new, None if within is None else [within])
-            if refusal is not None:
-                raise RewriteRefused(refusal, built)
+        return replacements
+
+    def _replace(self, replacements: list, anchor: Op, built: list[Op]) -> list[Op]:
+        adapter = self.adapter
         touched: list[Op] = [anchor, *built]
         for old, new, within in replacements:
             if within is not None:
@@ -87,7 +244,13 @@ class Rewriter:
         return f"{rule.name}_{next(self._serial)}"
 
     def _arguments(self, arguments: Sequence[ast.Argument], env: Environment) -> dict:
-        return {a.name: self.evaluator.value(a.value, env) for a in arguments}
+        evaluator = self.evaluator
+        operands = {a.name: evaluate_argument(evaluator, a.value, env) for a in arguments}
+        for value in operands.values():
+            if why_no_value(value) is not None:
+                # Found again, narrowed, only on this rare path.
+                raise _NoValue(find_unevaluable(evaluator, arguments, env))
+        return operands
 
     def _build(self, rule, build: ast.OpBuild, env, anchor):
         operands = self._arguments(build.arguments, env)

@@ -137,7 +137,15 @@ def refined(inferred: Sequence[Dim] | None, proven: Sequence[Dim] | None) -> tup
         return tuple(inferred)
     # Both are true at run time when both are known; a plain symbol (an
     # input's dim, say) proves more equalities than a broadcast expression.
+    # An arithmetic one (`(B*2)` of a tile) is canonical: the same sizes give
+    # the same expression, where the symbol a backend mints for it (coremltools'
+    # `is2`) equals only itself, and a rebuilt op gets another.
     return tuple(
-        dim if is_literal(dim) or not dims.is_plain_dim(better) or better is UNKNOWN else better
+        dim if is_literal(dim) or better is UNKNOWN or not (dims.is_plain_dim(better) or _arithmetic(better))
+        else better
         for dim, better in zip(inferred, proven)
     )
+
+
+def _arithmetic(dim: Dim) -> bool:
+    return isinstance(dim, dims.Symbol) and dim.name.startswith("(")

@@ -114,6 +114,18 @@ class ListExpr:
 
 
 @dataclass(frozen=True)
+class TupleExpr:
+    """`(a, b, ...)`: the values of a variadic operand, as an op is built.
+
+    Not an expression of conditions: it stands only as a whole argument,
+    `concat(values=(%a, %b), ...)`, so it is no member of `Expr`.
+    """
+
+    items: tuple[Expr, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Conditional:
     """`then if condition else otherwise`: `then` only when the condition is proved."""
 
@@ -252,8 +264,10 @@ Expr = (
 
 @dataclass(frozen=True)
 class Argument:
+    """`name=value` of an op being built; a tuple only for a variadic operand."""
+
     name: str
-    value: Expr
+    value: Expr | TupleExpr
     span: Span = field(compare=False)
 
 
@@ -300,11 +314,24 @@ Action = BuildAction | ReplaceAction
 # -------------------------------------------------------------------- rules
 
 
+# The name an unnamed anchor (`match op(...)`, `match _ = op(...)`) is bound
+# under. A rule cannot write it (a VAR needs a letter or `_` after the `%`),
+# so nothing can refer to it, yet the engine still holds the anchor's output
+# like any binding: `internal()` counts the anchor among the matched ops.
+UNNAMED_ANCHOR = "%"
+
+
 @dataclass(frozen=True)
 class MatchClause:
+    """`match %v = op(...)`; for the anchor, `var` may be `UNNAMED_ANCHOR`."""
+
     var: str
     pattern: OpPattern
     span: Span = field(compare=False)
+
+    @property
+    def named(self) -> bool:
+        return self.var != UNNAMED_ANCHOR
 
 
 @dataclass(frozen=True)
@@ -341,7 +368,16 @@ class ExampleOutput:
     span: Span = field(compare=False)
 
 
-ExampleStatement = ExampleInput | ExampleOp | ExampleOutput
+@dataclass(frozen=True)
+class ExampleOpset:
+    """`opset 7` (ONNX) or `opset iOS16` (Core ML's deployment target): the
+    example's graph is built for it instead of the backend's default."""
+
+    opset: int | str
+    span: Span = field(compare=False)
+
+
+ExampleStatement = ExampleInput | ExampleOp | ExampleOutput | ExampleOpset
 
 
 @dataclass(frozen=True)
@@ -360,6 +396,11 @@ class Example:
     @property
     def outputs(self) -> tuple[str, ...]:
         return tuple(v for s in self.statements if isinstance(s, ExampleOutput) for v in s.vars)
+
+    @property
+    def opset(self) -> int | str | None:
+        """The opset (or deployment target) the example states; None for the backend's default."""
+        return next((s.opset for s in self.statements if isinstance(s, ExampleOpset)), None)
 
 
 @dataclass(frozen=True)
@@ -403,3 +444,21 @@ class RuleFile:
     imports: tuple[Import, ...]
     classes: tuple[OpClass, ...]
     rules: tuple[Rule, ...]
+
+
+def walk(expr):
+    """`expr` and every expression inside it, depth first (op patterns are not entered)."""
+    if isinstance(expr, tuple):
+        for item in expr:
+            yield from walk(item)
+    elif hasattr(expr, "__dataclass_fields__") and not isinstance(expr, (Span, OpPattern)):
+        yield expr
+        for name in expr.__dataclass_fields__:
+            yield from walk(getattr(expr, name))
+
+
+def conjuncts(expr) -> list:
+    """The operands of a chain of `and`s, left to right (`[expr]` for anything else)."""
+    if isinstance(expr, And):
+        return conjuncts(expr.left) + conjuncts(expr.right)
+    return [expr]

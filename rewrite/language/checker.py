@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from rewrite.engine.interfaces import OpSchema, OpSignature
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
-from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Signature, Type
+from rewrite.language.types import BUILTINS, GRAPH_FREE_BUILTINS, NAMED_CONSTANTS, Signature, Type
 
 
 @dataclass
@@ -47,9 +47,18 @@ class Checker:
         self.schema = schema
         self.predicates = predicates
         self.diagnostics: list[Diagnostic] = []
+        self._unnamed_anchor: str | None = None  # the op of the rule's anchor, when it has no name
 
     def error(self, span: ast.Span, message: str) -> None:
         self.diagnostics.append(self.source.diagnostic(span, message))
+
+    def _unbound(self, span: ast.Span, var: str) -> None:
+        message = f"'{var}' is not bound here"
+        anchor = self._unnamed_anchor
+        if anchor is not None:
+            # The likeliest reason, in a rule whose anchor has no name.
+            message += f" (the anchor has no name; if '{var}' means it, write 'match {var} = {anchor}(...)')"
+        self.error(span, message)
 
     def warning(self, span: ast.Span, message: str) -> None:
         self.diagnostics.append(self.source.diagnostic(span, message, "warning"))
@@ -165,7 +174,7 @@ class Checker:
 
     def _expr_ValueRef(self, expr: ast.ValueRef, scope):
         if expr.var not in scope.values:
-            self.error(expr.span, f"'{expr.var}' is not bound here")
+            self._unbound(expr.span, expr.var)
         return Type.VALUE, scope
 
     def _expr_NameRef(self, expr: ast.NameRef, scope):
@@ -178,6 +187,11 @@ class Checker:
             f"unknown name '{expr.name}'"
             + self._suggest(expr.name, list(scope.names) + list(NAMED_CONSTANTS)),
         )
+        return Type.ANY, scope
+
+    def _expr_TupleExpr(self, expr: ast.TupleExpr, scope):
+        # Only `with` reaches here: an op build checks a tuple's items itself.
+        self.error(expr.span, "a tuple operand is written only in examples; a rewrite cannot build one yet")
         return Type.ANY, scope
 
     def _expr_ListExpr(self, expr: ast.ListExpr, scope):
@@ -263,7 +277,7 @@ class Checker:
         self._expect(expr.left, scope, Type.VALUE, "the left of 'is'")
         if expr.var not in scope.values:
             if expr.negated:
-                self.error(expr.span, f"'{expr.var}' is not bound here")
+                self._unbound(expr.span, expr.var)
             else:
                 # `expr is %new` names the value for what follows, as a pattern would.
                 return Type.BOOL, scope.with_values(expr.var)
@@ -282,11 +296,11 @@ class Checker:
     def _expr_Call(self, expr: ast.Call, scope):
         signature = BUILTINS.get(expr.function) or self.predicates.get(expr.function)
         if signature is None:
-            self.error(
-                expr.span,
-                f"unknown function '{expr.function}'"
-                + self._suggest(expr.function, list(BUILTINS) + list(self.predicates)),
-            )
+            if NAMED_CONSTANTS.get(expr.function, (None,))[0] is Type.STRING:  # `fp16(3.0)`
+                hint = f"; a constant of a dtype is written as_dtype(x, {expr.function})"
+            else:
+                hint = self._suggest(expr.function, list(BUILTINS) + list(self.predicates))
+            self.error(expr.span, f"unknown function '{expr.function}'" + hint)
             for argument in expr.arguments:
                 self.check_expr(argument, scope)
             return Type.ANY, scope
@@ -315,7 +329,7 @@ class Checker:
         # A body reaches as far right as it can: `forall x in s: p(x) and q`
         # quantifies q too, which over an empty domain makes it vacuously
         # true. A conjunct that never mentions x was likely meant outside.
-        parts = _conjuncts(expr.body)
+        parts = ast.conjuncts(expr.body)
         for part in parts[1:]:
             if not _mentions(part, expr.variable):
                 self.warning(
@@ -339,7 +353,7 @@ class Checker:
 
     def _expr_EveryUse(self, expr: ast.EveryUse, scope):
         if expr.of not in scope.values:
-            self.error(expr.span, f"'{expr.of}' is not bound here")
+            self._unbound(expr.span, expr.of)
         if expr.variable in scope.values:
             self.error(expr.span, f"'{expr.variable}' is already bound")
         self._condition(expr.body, scope.with_values(expr.variable), "'every use'")
@@ -354,8 +368,18 @@ class Checker:
         matches = []
         if not rule.matches:
             self.error(rule.span, f"rule '{rule.name}' has no 'match' clause")
+        self._unnamed_anchor = None
         for index, clause in enumerate(rule.matches):
-            if index == 0:
+            if not clause.named:
+                if index == 0:
+                    self._unnamed_anchor = clause.pattern.op
+                else:
+                    self.error(
+                        clause.span,
+                        "only the first 'match' (the anchor) may go without a name; a later 'match' "
+                        "walks from a value bound before it: 'match %v = op(...)'",
+                    )
+            elif index == 0:
                 bound.add(clause.var)
             elif clause.var not in bound:
                 self.error(
@@ -384,6 +408,9 @@ class Checker:
 
     def _check_example(self, example: ast.Example) -> None:
         defined = self._check_example_statements(example.statements, set())
+        opsets = [s for s in example.statements if isinstance(s, ast.ExampleOpset)]
+        for extra in opsets[1:]:
+            self.error(extra.span, "an example states one 'opset'")
         outputs = example.outputs
         if not outputs:
             self.error(example.span, "an example needs an 'output' line")
@@ -408,7 +435,8 @@ class Checker:
                     self.error(statement.span, f"unknown dtype '{statement.dtype}' (fp32, fp16, int32, bool, ...)")
                 defined.add(statement.var)
             elif isinstance(statement, ast.ExampleOp):
-                self._check_build(statement.build, _Scope(frozenset(defined), frozenset()), complete=True)
+                self._check_build(statement.build, _Scope(frozenset(defined), frozenset()), complete=True,
+                                  example=True)
                 defined.add(statement.var)
         return defined
 
@@ -419,9 +447,9 @@ class Checker:
                 self.error(action.span, f"'{action.var}' is already bound")
             return action
         if action.target not in scope.values:
-            self.error(action.span, f"'{action.target}' is not bound here")
+            self._unbound(action.span, action.target)
         if action.within is not None and action.within not in scope.values:
-            self.error(action.span, f"'{action.within}' is not bound here")
+            self._unbound(action.span, action.within)
         replacement = action.replacement
         if isinstance(replacement, ast.ValueRef):
             self.check_expr(replacement, scope)
@@ -429,7 +457,7 @@ class Checker:
             self._check_build(replacement, scope, complete=True)
         else:
             if replacement.var not in scope.values:
-                self.error(replacement.span, f"'{replacement.var}' is not bound here")
+                self._unbound(replacement.span, replacement.var)
             elif replacement.var not in self._var_types:
                 self.error(replacement.span, f"'{replacement.var}' was not matched by an op pattern; "
                            "'with' rebuilds a matched op")
@@ -442,7 +470,12 @@ class Checker:
                                    + self._suggest(argument.name, names))
         return action
 
-    def _check_build(self, build: ast.OpBuild, scope: _Scope, complete: bool) -> None:
+    def _check_build(self, build: ast.OpBuild, scope: _Scope, complete: bool, example: bool = False) -> None:
+        """Check an op a rewrite (or, with `example`, an example) builds.
+
+        An example's operands are evaluated before there is any graph to
+        read, so besides values they may only be constants (see `_constant_operand`).
+        """
         signature = None
         if self.schema is not None:
             signature = self.schema.signature(build.op)
@@ -454,8 +487,17 @@ class Checker:
                 )
         given = set()
         for argument in build.arguments:
+            if argument.name in given:
+                self.error(argument.span, f"operand '{argument.name}' given twice")
             given.add(argument.name)
-            self.check_expr(argument.value, scope)
+            value = argument.value
+            items = value.items if isinstance(value, ast.TupleExpr) else (value,)
+            for item in items:
+                self.check_expr(item, scope)
+                if example and not isinstance(item, ast.ValueRef):
+                    self._constant_operand(item)
+            if isinstance(value, ast.TupleExpr):
+                self._check_tuple(build.op, argument.name, value, signature, example)
             if (
                 signature is not None
                 and signature.input(argument.name) is None
@@ -471,11 +513,39 @@ class Checker:
             if missing:
                 self.error(build.span, f"op '{build.op}' needs operand(s) {', '.join(missing)}")
 
+    def _check_tuple(self, op: str, name: str, value: ast.TupleExpr, signature, example: bool) -> None:
+        if not example:
+            # The rewriter evaluates each argument to one value; a tuple of
+            # them is not yet something it builds.
+            self.error(value.span, "a tuple operand is written only in examples; a rewrite cannot build one yet")
+            return
+        spec = signature.input(name) if signature is not None else None
+        if spec is not None and not spec.variadic:
+            self.error(value.span, f"operand '{name}' of '{op}' takes one value, not a tuple")
 
-def _conjuncts(expr) -> list:
-    if isinstance(expr, ast.And):
-        return _conjuncts(expr.left) + _conjuncts(expr.right)
-    return [expr]
+    def _constant_operand(self, expr) -> None:
+        """An example operand that is not a value must be computed from the rule
+        text alone: literals, lists, named constants and the functions of them."""
+        for node in ast.walk(expr):
+            if isinstance(node, ast.ValueRef):
+                if isinstance(expr, ast.ListExpr) and node in expr.items:
+                    self.error(expr.span, "a list holds constants, not values; a variadic operand takes "
+                               "a tuple: (%a, %b)")
+                else:
+                    self.error(node.span, f"'{node.var}' inside a constant: {_EXAMPLE_OPERAND}")
+                return
+            if isinstance(node, ast.Call) and node.function not in GRAPH_FREE_BUILTINS:
+                if node.function not in BUILTINS and node.function not in self.predicates:
+                    return  # an unknown function, already reported
+                what = "reads the graph" if node.function in BUILTINS else "is a registered predicate"
+                self.error(node.span, f"'{node.function}' {what}, which an example cannot: {_EXAMPLE_OPERAND}")
+                return
+
+
+_EXAMPLE_OPERAND = (
+    "an example operand is a value, a tuple of values such as (%a, %b), or a constant "
+    "such as 2, [1, 8], -inf or as_dtype(3.0, fp16)"
+)
 
 
 def _mentions(expr, name: str) -> bool:

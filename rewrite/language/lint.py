@@ -83,7 +83,8 @@ def lint_shadowing(rules: Sequence[ast.Rule], sources: dict[str, SourceText]) ->
 
 def _occurrences(rule: ast.Rule):
     for index, clause in enumerate(rule.matches):
-        yield clause.var, "bind" if index == 0 else "use", clause.span
+        if clause.named:  # an unnamed anchor is meant to go unused
+            yield clause.var, "bind" if index == 0 else "use", clause.span
         yield from _pattern(clause.pattern)
     for condition in rule.conditions:
         yield from _expr(condition.expr)
@@ -166,22 +167,11 @@ def _matched_types(rule: ast.Rule) -> dict[str, frozenset[str]]:
         visit(clause.pattern)
     # Ops matched in conditions (`%v is op(...)`) are part of the match too.
     for condition in rule.conditions:
-        for expr in _walk(condition.expr):
+        for expr in ast.walk(condition.expr):
             if isinstance(expr, ast.Matches) and not expr.negated:
                 types[f"is@{expr.span.line}:{expr.span.column}"] = expr.pattern.types
                 visit(expr.pattern)
     return types
-
-
-def _walk(expr):
-    """`expr` and every expression node inside it."""
-    if isinstance(expr, tuple):
-        for item in expr:
-            yield from _walk(item)
-    elif hasattr(expr, "__dataclass_fields__") and not isinstance(expr, (ast.Span, ast.OpPattern)):
-        yield expr
-        for field in expr.__dataclass_fields__:
-            yield from _walk(getattr(expr, field))
 
 
 def _fold(expr):

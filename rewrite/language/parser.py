@@ -332,6 +332,10 @@ class _ToAst(Transformer_NonRecursive):
         var, pattern = children
         return ("match", ast.MatchClause(str(var), pattern, self._token_span(var)))
 
+    def unnamed_match(self, meta, children):
+        (pattern,) = children
+        return ("match", ast.MatchClause(ast.UNNAMED_ANCHOR, pattern, pattern.span))
+
     def where_clause(self, meta, children):
         (expr,) = children
         text = self._text(meta)[len("where") :].strip()
@@ -372,6 +376,10 @@ class _ToAst(Transformer_NonRecursive):
     def example_output(self, meta, children):
         return ast.ExampleOutput(tuple(str(v) for v in children), self._span(meta))
 
+    def example_opset(self, meta, children):
+        (token,) = children
+        return ast.ExampleOpset(self._int(token) if token.type == "INT" else str(token), self._span(meta))
+
     # ---- patterns
 
     def op_pattern(self, meta, children):
@@ -394,6 +402,16 @@ class _ToAst(Transformer_NonRecursive):
     def positional_operand(self, meta, children):
         (pattern,) = children
         return ast.Operand(None, pattern, False, self._span(meta))
+
+    def tuple_operand(self, meta, children):
+        name = children[0]
+        # Matching a tuple item by item would be a second way of saying what
+        # positional operands already say; point there instead.
+        raise RuleError([self.source.diagnostic(
+            self._paren_span(name),
+            f"a tuple is not a pattern: match a variadic operand's values positionally, "
+            f"as in op(%a, %b, ...) (every operand, in schema order), or bind them all with {name}=%{name}",
+        )])
 
     def rest_operand(self, meta, children):
         (var,) = children
@@ -580,3 +598,17 @@ class _ToAst(Transformer_NonRecursive):
     def build_argument(self, meta, children):
         name, value = children
         return ast.Argument(str(name), value, self._token_span(name))
+
+    def tuple_argument(self, meta, children):
+        name, *items = children
+        items = tuple(item for item in items if item is not None)
+        return ast.Argument(str(name), ast.TupleExpr(items, self._paren_span(name)), self._token_span(name))
+
+    def _paren_span(self, name: Token) -> ast.Span:
+        """Where the `(` after `name=` is: the tuple has no token of its own to point at."""
+        text, position = self.source.text, name.end_pos
+        while text[position] != "(":  # past blanks, the `=` and any comment
+            position = text.index("\n", position) if text[position] == "#" else position + 1
+        line = text.count("\n", 0, position) + 1
+        column = position - text.rfind("\n", 0, position)
+        return ast.Span(self.source.path, line, column)

@@ -116,6 +116,11 @@ BUILTINS: dict[str, Signature] = {
                    "A zero of that dtype (false for bool), typed, for building constants."),
         _signature("lowest", "dtype:string", Type.NUMBER,
                    "The lowest value of a dtype: -inf for floats, the minimum for ints."),
+        _signature("max_finite", "dtype:string", Type.NUMBER,
+                   "The largest finite value of a dtype (65504 for fp16), to guard folded constants "
+                   "against overflow."),
+        _signature("lowest_finite", "dtype:string", Type.NUMBER,
+                   "The most negative finite value of a dtype (-65504 for fp16; the minimum for ints)."),
         _signature("max_of", "items:any", Type.NUMBER, "The largest element of a (nested) list or number."),
         _signature("is_nan", "items:any", Type.BOOL, "The number, or every element of the list, is NaN."),
         _signature("is_inf", "items:any", Type.BOOL,
@@ -163,3 +168,11 @@ NAMED_CONSTANTS: dict[str, tuple[Type, object]] = {
     "inf": (Type.NUMBER, float("inf")),
     "nan": (Type.NUMBER, float("nan")),
 }
+
+
+# Builtins that read nothing of the graph: what an example operand, evaluated
+# before there is a graph, may call. `available` asks the program's opset.
+GRAPH_FREE_BUILTINS: frozenset[str] = frozenset(
+    name for name, signature in BUILTINS.items()
+    if name != "available" and all(p.type is not Type.VALUE for p in signature.parameters)
+)

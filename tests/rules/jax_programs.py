@@ -9,10 +9,8 @@ still there. Requires jax and stablehlo_coreml; import this module only after
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -24,21 +22,9 @@ from coremltools.converters.mil.converter import _reset_conversion_state  # noqa
 from jax._src.interpreters import mlir as jax_mlir  # noqa: E402
 from jax._src.lib.mlir import ir  # noqa: E402
 
-from rewrite.backends.mil import Program, ct  # noqa: E402
+from rewrite.backends.mil import Program, copy_program, ct  # noqa: E402
 
 STATIC_BATCH = 4
-
-# A symbolic conversion is long: every broadcast against a symbolic dim becomes
-# shape -> slice_by_index -> cast -> reshape -> concat -> fill (the symbolic
-# gelu_erf is 970 ops, against 111 static). `copy.deepcopy` of a Program --
-# `converted()` here, `rewrite.backends.mil.copy_program` and the reference
-# evaluator, which copies its input -- recurses along the use-def chain and
-# needs more than Python's default 1000 frames for that. Raised process-wide
-# (never lowered), as JAX_PLATFORMS above is set process-wide.
-RECURSION_LIMIT = 10_000
-if sys.getrecursionlimit() < RECURSION_LIMIT:
-    sys.setrecursionlimit(RECURSION_LIMIT)
-
 
 # ------------------------------------------------------------------ functions
 
@@ -225,7 +211,7 @@ def _converted(name: str, symbolic: bool) -> Program:
 
 def converted(name: str, symbolic: bool) -> Program:
     """A fresh copy of the (cached) conversion of FUNCTIONS[name]."""
-    return copy.deepcopy(_converted(name, symbolic))
+    return copy_program(_converted(name, symbolic))
 
 
 def concrete_arguments(name: str, batch: int, seed: int = 0) -> list[np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 from onnx_cases import FLOAT, counts, floats, initializer, model, node, run, tensor
 
 import rewrite
@@ -142,3 +143,25 @@ def test_a_constant_in_external_data_is_read_beside_the_model_never_the_working_
     feeds = {"m": floats(1, 1), "x": floats(1, 16, seed=3)}
     np.testing.assert_array_equal(run(onnx.load(str(folder / "out.onnx")), feeds)[0],
                                   run(onnx.load(str(folder / "m.onnx")), feeds)[0])
+
+
+def test_a_tile_with_more_repeats_than_axes_is_left_alone(tmp_path):
+    # Invalid by the spec (onnxruntime refuses it), yet onnx's reference
+    # evaluator puts out (1, 2, 2): the Tile's rank is not known to be its
+    # input's, so no rule may assume it. Found by verify's enumeration.
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [node("Tile", ["x", "repeats"], ["t"]), node("Add", ["t", "y"], ["out"])]
+    graph = helper.make_graph(nodes, "test", [tensor("x", FLOAT, [2, 2]), tensor("y", FLOAT, [2, 2])],
+                              [tensor("out", FLOAT, None)], [initializer("repeats", np.array([1, 1, 1]))])
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"x": floats(2, 2), "y": floats(2, 2, seed=1)}
+    (expected,) = ReferenceEvaluator(built).run(None, feeds)
+    assert expected.shape == (1, 2, 2)
+    path = tmp_path / "reckless.rules"
+    path.write_text(RECKLESS)
+    for rule_set in (rewrite.load_rules(dialects=["onnx"]), rewrite.load_rules(path)):
+        statistics = rule_set.apply(built)
+        assert statistics.fires == 0 and counts(built) == {"Tile": 1, "Add": 1}
+    (after,) = ReferenceEvaluator(built).run(None, feeds)
+    np.testing.assert_array_equal(expected, after)
