@@ -284,6 +284,7 @@ def _explain(arguments) -> int:
         raise UserError(f"no rule named '{arguments.rule}' for {model.format} in {arguments.rules}")
     model.load()
 
+    import rewrite
     from rewrite import backends
     from rewrite.engine.explain import explain, format_text
     from rewrite.engine.interfaces import ModelError
@@ -296,6 +297,9 @@ def _explain(arguments) -> int:
         )
     except ModelError as error:
         raise UserError(str(error)) from None
+    except rewrite.RuleError as error:  # explain rereads the rules files, which may have changed since
+        print(error.render(), file=sys.stderr)
+        raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
     if arguments.json:
         print(json.dumps([e.as_dict() for e in explanations], indent=2))
     elif explanations:

@@ -540,8 +540,8 @@ def _mutations(graph: Instance, dialect: str) -> list[tuple]:
             if isinstance(value, bool):
                 kinds[3].append(("flip", position, key))
             elif isinstance(value, float):
-                kinds[4] += [("float", position, key, v) for v in (value * (1 + 1e-7), value * 1.01, -value,
-                                                                    *FLOAT_EDGES) if repr(v) != repr(value)]
+                nearby = (value * 1.01, -value, value * (1 + 1e-7), *FLOAT_EDGES)
+                kinds[4] += [("float", position, key, v) for v in dict.fromkeys(nearby) if repr(v) != repr(value)]
             elif isinstance(value, list) and value and all(type(v) is int for v in value):
                 kinds[5] += [("list", position, key, change) for change in
                              ("wider", "narrower", *(("zero", j) for j in range(len(value))),
@@ -552,6 +552,10 @@ def _mutations(graph: Instance, dialect: str) -> list[tuple]:
         kinds[7].append(("output", name))
         kinds[8].append(("use", name))
         values.append(name)
+    # Constants, flags and lists first: changing those in an example the rule
+    # rewrites is what crosses a condition's edge; dims and dtypes mostly
+    # make graphs the ops refuse.
+    kinds = [kinds[4], kinds[3], kinds[5], kinds[6], kinds[8], kinds[7], kinds[1], kinds[2], kinds[0]]
     interleaved = [item for group in itertools.zip_longest(*kinds) for item in group if item is not None]
     return [("none",), *interleaved]
 

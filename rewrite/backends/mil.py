@@ -274,6 +274,11 @@ class MilAdapter:
     def is_block_output(self, value: Var) -> bool:
         return bool(value.consuming_blocks)
 
+    def has_uses(self, value: Var) -> bool:
+        # O(1): `consumers` de-duplicates every child op, and a value one
+        # reduce_mean feeds to every layer has thousands of them.
+        return bool(value.child_ops) or bool(value.consuming_blocks)
+
     def shape(self, value: Var):
         inferred = _shape_of_type(value.sym_type)
         op = value.op
@@ -509,8 +514,14 @@ class MilAdapter:
                    else (new if value is old else value))
             for name, value in inputs.items()
         }
+        # An op reads its inputs as attributes (`self.x`), which coremltools
+        # sets beside `_input_vars`: both must see the new operand, or the
+        # op infers its old type and any change passes unnoticed.
+        changed = {name: value for name, value in swapped.items() if value is not inputs[name]}
         try:
             op._input_vars = swapped
+            for name, value in changed.items():
+                setattr(op, name, value)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 inferred = op.type_inference()
@@ -518,6 +529,8 @@ class MilAdapter:
             return None
         finally:
             op._input_vars = inputs
+            for name in changed:
+                setattr(op, name, inputs[name])
         inferred = inferred if isinstance(inferred, tuple) else (inferred,)
         result = []
         for sym_type in inferred:

@@ -136,8 +136,8 @@ class CompiledConditions:
 
         def ways(env):
             value = subject(env)
-            if value is None or value is UNKNOWN or isinstance(value, (list, tuple)):
-                return ()
+            if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
+                return ()  # an absent optional operand is produced by no op
             op = adapter.producer(value)
             if op is None:
                 return ()

@@ -198,7 +198,8 @@ class Evaluator:
 
     def _match(self, expr: ast.Matches, env: Environment):
         subject = self.value(expr.subject, env)
-        if subject is None or subject is UNKNOWN or isinstance(subject, (list, tuple)):
+        # An absent optional operand (`reps=%r?`) is produced by no op.
+        if subject is None or subject is UNKNOWN or subject is ABSENT or isinstance(subject, (list, tuple)):
             return iter(())
         op = self.adapter.producer(subject)
         if op is None:

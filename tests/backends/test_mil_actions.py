@@ -106,3 +106,24 @@ def test_checked_mode_names_an_unsound_rule(write_rules):
     with pytest.raises(rewrite.UnsoundRewriteError, match=r"rule 'drop_every_tile' changed a type") as raised:
         rules.apply(program, check_types=True)
     assert "out" in str(raised.value)
+
+
+def test_an_absent_optional_operand_matches_no_op_pattern(write_rules):
+    # `%r is neg(...)` of an operand that is absent: no op produces it, so it
+    # is simply no match (it crashed on the absent marker's missing producer).
+    from rewrite.backends.mil import build_example
+    from rewrite.engine.interfaces import NamedValue
+
+    rules = rewrite.load_rules(write_rules("""
+        dialect mil
+        rule r "a slice_update whose stride is a relu"
+          match %s = slice_update(x=%x, update=%u, begin=%b, end=%e, stride=%st?)
+          where %st is relu(x=_)
+          rewrite %s -> %x
+    """))
+    program = build_example(
+        [("x", "fp32", [4]), ("u", "fp32", [2])],
+        [("s", "slice_update", {"x": NamedValue("x"), "update": NamedValue("u"), "begin": [0], "end": [2]})],
+        ["s"],
+    )
+    assert rules.apply(program).fires == 0

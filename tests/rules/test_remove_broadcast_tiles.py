@@ -469,3 +469,49 @@ def test_matmul_batch_tile_removed(library):
     assert outcome.before["tile"] == 1
     assert outcome.after["tile"] == 0
     assert outcome.fired("remove_matmul_batch_tiles") == 1
+
+
+# narrow_broadcast_tile with issue 11's fix taken out (`one_use(%t) and %other
+# is not %t`): the engine's shape guard alone must keep these graphs whole.
+def _unfixed_narrow_rules(tmp_path):
+    import rewrite
+
+    folder = tmp_path / "unfixed"
+    folder.mkdir()
+    source = rewrite.shipped_rules_path() / "mil"
+    for path in source.glob("*.rules"):
+        text = path.read_text()
+        if path.name == "remove_broadcast_tiles.rules":
+            assert "one_use(%t) and %other is not %t and " in text
+            text = text.replace("one_use(%t) and %other is not %t and ", "")
+        (folder / path.name).write_text(text)
+    return rewrite.load_rules(folder).only("narrow_broadcast_tile")
+
+
+def _narrow_case(second_use: bool):
+    from rewrite.backends.mil import build_example
+    from rewrite.engine.interfaces import NamedValue as V
+
+    if second_use:  # the tile also feeds an exp, which needs it whole
+        ops = [("t", "tile", {"x": V("b"), "reps": [8, 8]}), ("out", "add", {"x": V("a"), "y": V("t")}),
+               ("e", "exp", {"x": V("t")})]
+        return build_example([("a", "fp32", [8, 1]), ("b", "fp32", [1, 1])], ops, ["out", "e"])
+    ops = [("t", "tile", {"x": V("b"), "reps": [8, 8]}), ("out", "add", {"x": V("t"), "y": V("t")})]
+    return build_example([("b", "fp32", [1, 1])], ops, ["out"])
+
+
+@pytest.mark.parametrize("second_use", [True, False], ids=["a tile with a second use", "the tile as both operands"])
+def test_the_guard_keeps_narrow_broadcast_tile_sound_without_its_fix(tmp_path, second_use):
+    rules = _unfixed_narrow_rules(tmp_path)
+    built = _narrow_case(second_use)
+    before = op_counts(built)
+    feeds = {name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+             for name, shape in (("a", (8, 1)), ("b", (1, 1)))
+             if name in built.functions["main"].inputs}
+    expected = evaluate(built, feeds)
+    statistics = rules.apply(built)
+    assert statistics.fires == 0 and statistics.refused >= 1  # the guard, not the rule, said no
+    assert op_counts(built) == before
+    after = evaluate(built, feeds)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(value, after[name])
