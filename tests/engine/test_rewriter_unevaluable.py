@@ -116,4 +116,3 @@ def test_the_innermost_part_without_a_value_is_named(write_rules):
     assert type(found.expression).__name__ == "Call" and found.expression.function == "uniform"
     assert found.value is UNKNOWN and found.reason == "it is unknown"
     assert "operand 'y'" in str(found) and "cannot be evaluated" in str(found)
-
