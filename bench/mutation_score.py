@@ -19,6 +19,7 @@ any uncaught mutant lacks one, so the table in a closing note is complete.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -33,8 +34,119 @@ from rewrite.examples import run_examples
 from rewrite.language import ast
 from rewrite.verify import verify_rule
 
-# (rule, deleted condition text with whitespace collapsed) -> why the rule stays sound without it.
-ARGUMENTS: dict[tuple[str, str], str] = {}
+# Why a rule stays sound without a condition, for the classes of condition
+# whose argument is the same in every rule (`general_argument`), and then one
+# by one (`ARGUMENTS`, keyed by rule and deleted text, whitespace collapsed).
+GUARD = ("where the replacement's type differs, the engine's shape guard lets the rewrite through only if every "
+         "consumer's output type provably stays (never for a block output); the values agree elementwise")
+FP_ONLY = "MIL's {op} takes only fp16 and fp32, and the pattern has one on this value's path"
+ARGUMENTS: dict[tuple[str, str], str] = {
+    ("fuse_gelu_tanh", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="tanh"),
+    ("fuse_gelu_erf", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="erf"),
+    ("fuse_logit_softcap", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="tanh"),
+    ("fuse_rmsnorm", 'contains(["fp16", "fp32"], dtype(%x))'): FP_ONLY.format(op="rsqrt (of x·x's mean)"),
+    ("fuse_masked_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(op="softmax (of q·kᵀ)"),
+    ("fuse_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(op="softmax (of q·kᵀ)"),
+    ("fuse_gelu_tanh", "shape(%out) == shape(%x)"): GUARD,
+    ("fuse_gelu_erf", "shape(%out) == shape(%x)"): GUARD,
+    ("fuse_rmsnorm", "shape(%out) == shape(%x)"): GUARD,
+    ("remove_maximum_with_lowest", "shape(%m) == shape(%x)"): GUARD,
+    ("drop_softmax_constant_shift", "shape(%shifted) == shape(%x)"): GUARD + "; a uniform c widens x only by "
+        "copies, whose softmax is the same",
+    ("remove_select_of_masked_exp", "shape(%kept) == shape(%e)"): GUARD,
+    ("replace_masked_decomposed_softmax", "shape(%out) == shape(%div)"): "%out is kept; only %div is replaced, and "
+        + GUARD,
+    ("fuse_selects_on_one_condition", "shape(%inner) == shape(%a)"): GUARD + " (select reads a where c holds, in "
+        "both selects alike)",
+    ("fuse_selects_on_one_condition", "dtype(%inner) == dtype(%a)"): "a select's output has its a's dtype",
+    ("fuse_reduce_keep_dims_reshape", "rank(%restored) == rank(%x)"): GUARD,
+    ("fuse_reduce_keep_dims_reshape", "const(%keep) == false"): "with keep_dims already true the reshape restores "
+        "the reduction's own shape, and the reduction rebuilt with keep_dims=true is that very value",
+    ("remove_scaling_by_one", "not is_const(%x)"): "x·1 is x for a constant x too; the clause leaves constants "
+        "to constant folding",
+    ("remove_scaling_by_one", "dtype(%m) == dtype(%x)"): "MIL's mul takes operands of one dtype and gives it",
+    ("remove_maximum_with_lowest", "not is_const(%x)"): "maximum(x, -inf) is x for a constant x too; the clause "
+        "leaves constants to constant folding",
+    ("fold_transpose_into_matmul_y", "rank(%y) >= 2"): "for a rank-1 y the perm clause compares [0] with [-1] and "
+        "fails; a rank-0 y feeds no matmul",
+    ("fold_transpose_into_matmul_x", "rank(%x) >= 2"): "for a rank-1 x the perm clause compares [0] with [-1] and "
+        "fails; a rank-0 x feeds no matmul",
+    ("fuse_rmsnorm", "rank(%x) >= 3"): "dim(%x, -3) == 1 is unknown below rank 3, so nothing fires",
+    ("fuse_rmsnorm", "is_known(dim(%x, -1))"): "the rewrite computes sqrt(dim(%x, -1)) and d·e: of a symbolic d "
+        "those are no values to build with, and the rule does not fire",
+    ("fuse_rmsnorm", "const(%keep) == true"): "without keep_dims the mean broadcasts across other rows and %out "
+        "changes shape; shape(%out) == shape(%x) then fails except for a single row, where the values agree",
+    ("fuse_rmsnorm", "is_finite(uniform(%epsilon))"): "with e = ±inf or NaN both forms are 0 or NaN alike: "
+        "x·rsqrt(m + inf) = 0 = x/sqrt(s + d·inf)",
+    ("fuse_rmsnorm", "uniform(%epsilon) >= 0"): "the identity x·rsqrt(m + e) = sqrt(d)·x/sqrt(s + d·e) holds for "
+        "a negative e too: both are NaN exactly where m + e < 0",
+    ("fuse_reduce_keep_dims", "len(const(%axes)) == len(normalized_axes(const(%axes), rank(%x)))"): "a reduction "
+        "given an axis twice reduces it once, as normalized_axes counts it, so the positions compare as they are",
+    ("remove_matmul_batch_tiles", "forall axis in axes(%x): %reps[axis] == 1 or dim(%x, axis) == 1"): "implied: the "
+        "every-use clause has the other operand carry r on each axis tiled by r > 1, and a matmul broadcasts the "
+        "tile's x·r against r only where x is 1",
+    ("replace_decomposed_softmax_wide_sum", "dtype(%narrow) == dtype(%e)"): "MIL's real_div takes operands of one "
+        "dtype, so the sum is cast back to e's",
+    ("replace_masked_decomposed_softmax", "uniform(%zero) == 0"): "%zero belongs to the outer select, which the "
+        "rewrite keeps: only %div is replaced, and e/sum(select(m, e, 0)) is softmax(z) in every row",
+    ("fuse_logit_softcap", "abs(scale_of(%out)) <= max_finite(dtype(%out))"): "the innermost scaling of a chain "
+        "comes first in program order, which the driver keeps, and fuses with its own finite constant; the rest "
+        "of the chain is folded by fold_scaling_into_scaled_tanh, whose own guard stops an alpha that overflows",
+    ("drop_softmax_constant_shift", "is_finite(uniform(%c))"): "implied: abs(uniform(%c)) <= 1 fails for ±inf "
+        "and NaN",
+    ("replace_masked_decomposed_softmax", "one_use(%div)"): "%div is replaced in every use by softmax(z), which is "
+        "e/sum(select(m, e, 0)) in every row (exp(z) is 0 where m is false), so each use reads the same values",
+    ("remove_broadcast_tile", "dim(%repeats, 0) == rank(%x)"): "with repeats of another length the Tile's rank is "
+        "unknown (onnx_shapes gives no shape), so axes(%t) in the every-use clause is unknown and nothing fires",
+    ("remove_broadcast_tile", "forall axis in axes(%x): %repeats[axis] == 1 or dim(%x, axis) == 1"): "implied: the "
+        "every-use clause has another operand carry r on each axis repeated r != 1, and the consumer broadcasts "
+        "the Tile's d·r against r only where d is 1 (or r is 0, where both are 0)",
+    ("narrow_broadcast_tile", "same_block(%u, %t)"): "the rebuilt tile takes %t's place in %t's own block, where "
+        "%x is visible; the clause keeps the rule to what it was written for",
+}
+for _rule in ("broadcast_select_operands", "broadcast_select_bool_operands"):
+    _zeros = "adding zeros of a shape the select broadcasts to changes no element (the rule's header)"
+    ARGUMENTS.update({
+        (_rule, "rank(%v) <= rank(%s)"): _zeros + ", whatever the operand's rank; " + GUARD,
+        (_rule, "forall axis in axes(%s): aligned_dim(%v, axis, of=%s) == 1 or aligned_dim(%v, axis, of=%s) == "
+                "dim(%s, axis)"): _zeros + "; " + GUARD,
+        (_rule, "rank(%reference) == rank(%s)"): _zeros + ": the reference is an operand of the same select; "
+                                                          + GUARD,
+        (_rule, "%reference is not %v"): _zeros + "; zeros shaped like %v itself widen nothing, so the clause "
+                                                  "only keeps the rule from firing on its own output",
+        (_rule, "%other is not %v"): _zeros + "; with %v in two places both become the widened value, which "
+                                              "holds the same elements",
+        (_rule, "%reference is not %v and %other is not %v"): _zeros + " (see the two halves)",
+    })
+
+
+def general_argument(rule: ast.Rule, deleted: str) -> str:
+    """The argument for a condition of a class that is sound to drop in any rule, or ""."""
+    written = rule_text(rule)
+    replaced = {getattr(action, "target", None) for action in rule.actions}
+    match = re.fullmatch(r"is_const\((%\w+)\)", deleted)
+    if match:
+        var = match.group(1)
+        rest = written.replace(deleted, "")
+        if any(read in rest for read in (f"const({var})", f"{var}[", f"uniform({var})")):
+            return (f"{var} is read as a constant elsewhere in the rule; of a non-constant that is unknown, which "
+                    "proves nothing (in the rewrite, no value to build with), so the rule does not fire")
+    match = re.fullmatch(r"(one_use|internal)\((.+)\)", deleted)
+    if match and match.group(2) not in replaced:
+        return (f"only {', '.join(sorted(v for v in replaced if v))} is replaced; {match.group(2)} stays for "
+                "its other uses and computes what it did: the clause is about profit (no work duplicated)")
+    if re.fullmatch(r'available\("\w+"\)', deleted):
+        return "the rewriter refuses a rewrite that builds an op the program's target lacks (`Unavailable`)"
+    return ""
+
+
+def rule_text(rule: ast.Rule) -> str:
+    """The rule's source, from `rule` to its first example."""
+    lines = Path(rule.span.file).read_text().splitlines()
+    end = rule.span.line
+    while end < len(lines) and not lines[end].lstrip().startswith("example") and not lines[end].startswith("rule "):
+        end += 1
+    return "\n".join(lines[rule.span.line - 1:end])
 
 
 @dataclass(frozen=True)
@@ -106,7 +218,29 @@ def judge(mutant: Mutant, original: ast.Rule, trials: int) -> Outcome:
         verdict = verify_rule(rule, trials=trials, seed=0, necessity=False, shaped_by=original)
         if verdict.counterexample is not None:
             return Outcome(mutant, "caught by verify", verdict.counterexample.problem)
-    return Outcome(mutant, "not caught", ARGUMENTS.get((mutant.rule, mutant.deleted), ""))
+    argument = ARGUMENTS.get((mutant.rule, mutant.deleted)) or general_argument(original, mutant.deleted)
+    if not argument:  # a conjunction of clauses each argued is argued too
+        parts = [_squash(_source(original, part)) for part in ast.conjuncts(_parse_condition(original, mutant))]
+        arguments = [ARGUMENTS.get((mutant.rule, part)) or general_argument(original, part) for part in parts]
+        if len(parts) > 1 and all(arguments):
+            argument = "each part: " + " / ".join(arguments)
+    return Outcome(mutant, "not caught", argument)
+
+
+def _parse_condition(rule: ast.Rule, mutant: Mutant):
+    """The expression of `rule` whose text `mutant` deleted (a whole clause or a conjunct)."""
+    for condition in rule.conditions:
+        if _squash(condition.text) == mutant.deleted:
+            return condition.expr
+        for part in ast.conjuncts(condition.expr):
+            if _squash(_source(rule, part)) == mutant.deleted:
+                return part
+    return None
+
+
+def _source(rule: ast.Rule, expr) -> str:
+    text = Path(rule.span.file).read_text()
+    return text[slice(*_cut(text, expr.span))]
 
 
 def main(argv=None) -> int:

@@ -657,6 +657,9 @@ def _check(rule: ast.Rule, instance: Instance) -> tuple[bool, str | None]:
     try:
         program = backend.build_example(instance.inputs, instance.ops, instance.outputs,
                                         nested_by="flag" if instance.nested else None, opset=instance.opset)
+        validate = getattr(backend, "validate_example", None)
+        if validate is not None:
+            validate(program)  # what the IR's own checker rejects is no instance either
     except Exception:
         return False, None  # not a valid graph of this IR: not an instance
     original = backend.copy_program(program)
