@@ -48,6 +48,7 @@ GROUPS = (
             "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
             "remove_noop_slice_update", "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
             "broadcast_select_operands", "broadcast_select_bool_operands",
+            "constant_tile_reps", "constant_reshape_shape",
         ),
         "common::const_elimination",
         after=False,
@@ -59,13 +60,25 @@ GROUPS = (
             "fuse_selects_on_one_condition", "replace_decomposed_softmax_wide_sum", "drop_softmax_constant_shift",
             "fuse_logit_softcap", "fold_scaling_into_scaled_tanh", "fuse_gelu_erf", "fuse_gelu_tanh",
             "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
-            "fuse_masked_attention_to_sdpa", "fuse_attention_to_sdpa", "remove_scaling_by_one",
+            "constant_tile_reps", "remove_identity_tile", "constant_reshape_shape", "fold_scalar_into_zero_fill",
+            "lift_matmul_out_of_batch_one_reshapes", "move_transpose_swap_into_matmul_y", "remove_identity_transpose",
+            "fuse_masked_attention_to_sdpa", "fuse_masked_fill_attention_to_sdpa",
+            "fuse_additive_mask_attention_to_sdpa", "fuse_attention_to_sdpa", "remove_double_logical_not",
+            "fold_scaling_chain", "remove_scaling_by_one",
         ),
         "common::fuse_matmul_weight_bias",
         after=False,
     ),
     # coremltools' reduction passes can expose a keep_dims max shift only now.
-    PassGroup("rewrite::late", _RESETTLING + ("fuse_rmsnorm",), "common::fuse_reduce_mean", after=True),
+    PassGroup(
+        "rewrite::late",
+        _RESETTLING + (
+            "fuse_rmsnorm", "fuse_rmsnorm_rows", "fold_norm_scale_into_weight", "fold_scaling_chain",
+            "remove_scaling_by_one",
+        ),
+        "common::fuse_reduce_mean",
+        after=True,
+    ),
     # Once coremltools has merged duplicate ops (two selects by one mask, say),
     # values that were merely equal are the same value, which rules can see.
     PassGroup(

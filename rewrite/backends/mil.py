@@ -19,6 +19,7 @@ import stat
 import tempfile
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -31,7 +32,9 @@ from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
+from rewrite.engine.shapes import add as dims_add
 from rewrite.engine.shapes import multiply as dims_multiply
+from rewrite.engine.shapes import subtract as dims_subtract
 
 
 def _import_coremltools():
@@ -370,8 +373,195 @@ class MilAdapter:
             return self._layout_shape(op)
         if kind == "matmul":
             return self._matmul_shape(op)
+        if kind in _SAME_SHAPE:
+            return self.proven_shape(op.inputs["x"])
+        if kind in _FRONTEND_SHAPES:
+            return self._frontend_shape(op, inferred)
         rank = None if inferred is None else len(inferred)
-        return shape_values.as_dims(self.shape_value(op.inputs["shape"]), rank)
+        shape = self.shape_value(op.inputs["shape"])
+        if kind == "reshape" and shape is not None and sum(1 for d in shape if d == -1) == 1:
+            return self._reshaped(self.proven_shape(op.inputs["x"]), shape)
+        return shape_values.as_dims(shape, rank)
+
+    # Ops coremltools' torch frontend puts between a flexible input and the
+    # values whose shapes the rules ask about (a linear layer, an embedding
+    # lookup, a slice of a buffer by the sequence length, ...): each gets a
+    # fresh symbol from coremltools' type inference where its operands' dims
+    # say which dim it is.
+
+    def _frontend_shape(self, op: Operation, inferred):
+        kind = op.op_type
+        inputs = op.inputs
+        if kind == "linear":
+            x = self.proven_shape(inputs["x"])
+            if x is None or inferred is None or not inferred or not isinstance(inferred[-1], int):
+                return None
+            return (*x[:-1], inferred[-1])
+        if kind == "scaled_dot_product_attention":
+            query, value = self.proven_shape(inputs["query"]), self.proven_shape(inputs["value"])
+            return None if query is None or value is None or not value else (*query[:-1], value[-1])
+        if kind == "split":
+            x, axis = self.proven_shape(inputs["x"]), inputs["axis"].val
+            if x is None or inferred is None or axis is None or len(x) != len(inferred):
+                return None
+            axis = int(axis) % len(x)
+            if not isinstance(inferred[axis], int):
+                return None  # the split axis' own size is the split's business
+            return tuple(inferred[axis] if position == axis else d for position, d in enumerate(x))
+        if kind == "gather":
+            x, indices = self.proven_shape(inputs["x"]), self.proven_shape(inputs["indices"])
+            axis = inputs["axis"].val
+            batch_dims = inputs.get("batch_dims")
+            if x is None or indices is None or axis is None or (batch_dims is not None and batch_dims.val):
+                return None
+            axis = int(axis) % len(x) if x else 0
+            return (*x[:axis], *indices, *x[axis + 1:])
+        if kind == "concat":
+            interleave = inputs.get("interleave")
+            if interleave is not None and (interleave.val is None or interleave.val):
+                return None
+            parts = [self.proven_shape(v) for v in inputs["values"]]
+            if any(part is None for part in parts) or not parts or len({len(part) for part in parts}) != 1:
+                return None
+            rank = len(parts[0])
+            if rank == 0 or inputs["axis"].val is None:
+                return None
+            axis = int(inputs["axis"].val) % rank
+            dims = []
+            for position in range(rank):
+                if position == axis:
+                    total = 0
+                    for part in parts:
+                        total = dims_add(total, part[position])
+                    dims.append(total)
+                else:
+                    # Every part has the same size there at run time: take the
+                    # best-known spelling of it (a literal, an input's symbol).
+                    candidates = [part[position] for part in parts]
+                    dims.append(min(candidates, key=self._dim_rank))
+            return tuple(dims)
+        if kind == "range_1d":
+            start, end, step = (self.shape_value(inputs[name]) for name in ("start", "end", "step"))
+            if start is None or end is None or step is None or len(start) != 1 or len(end) != 1:
+                return None
+            if start == [0] and step == [1] and end[0] is not UNKNOWN:
+                if isinstance(end[0], int):
+                    return (max(end[0], 0),)
+                return (end[0],) if _never_negative(end[0]) else None
+            if all(isinstance(v, int) for v in (start[0], end[0], step[0])) and step[0]:
+                return (len(range(start[0], end[0], step[0])),)
+            return None
+        if kind == "slice_by_index":
+            return self._sliced_shape(op)
+        return None
+
+    def _dim_rank(self, dim) -> int:
+        """How well a dim is known: a literal, an input's symbol, another symbol, unknown."""
+        if isinstance(dim, int):
+            return 0
+        if dim in self._input_symbols:
+            return 1
+        return 2 if dim is not UNKNOWN else 3
+
+    def _dim_bounds(self, dim) -> tuple[int, int | None]:
+        """(lowest, highest or None) a dim takes at run time: a literal's value, an input
+        symbol's RangeDim bounds (the model accepts no other size), else (0, None)."""
+        if isinstance(dim, int):
+            return dim, dim
+        bounds = self.__dict__.get("_input_dim_bounds")
+        if bounds is None:
+            bounds = {}
+            for function in self.program.functions.values():
+                for input_type in getattr(function, "input_types", None) or ():
+                    for d in getattr(getattr(input_type, "shape", None), "shape", None) or ():
+                        symbol = getattr(d, "symbol", None)
+                        if symbol is None or not hasattr(d, "lower_bound"):
+                            continue
+                        lower = max(int(d.lower_bound), 0)
+                        upper = int(d.upper_bound) if int(d.upper_bound) >= 0 else None
+                        key = Symbol(str(symbol))
+                        if key in bounds:  # one symbol in two functions: what both allow
+                            old_lower, old_upper = bounds[key]
+                            lower = min(lower, old_lower)
+                            upper = None if upper is None or old_upper is None else max(upper, old_upper)
+                        bounds[key] = (lower, upper)
+            self._input_dim_bounds = bounds
+        return bounds.get(dim, (0, None))
+
+    def _at_most(self, small, large) -> bool:
+        """small <= large at run time, provably."""
+        if small == large and small is not UNKNOWN:
+            return True
+        if any(dims_add(small, k) == large for k in (1, 2)):
+            return True  # an expression made by adding to `small` (a length and one more)
+        upper = self._dim_bounds(small)[1]
+        return upper is not None and upper <= self._dim_bounds(large)[0]
+
+    def _sliced_shape(self, op: Operation):
+        """slice_by_index's output dims, from x's and the values of begin and end (runtime ones too)."""
+        inputs = op.inputs
+        source = self.proven_shape(inputs["x"])
+        if source is None:
+            return None
+        rank = len(source)
+
+        def values(name, default):
+            var = inputs.get(name)
+            if var is None:
+                return [default] * rank
+            found = self.shape_value(var) if var.val is None else np.asarray(var.val).reshape(-1).tolist()
+            return found if found is not None and len(found) == rank else None
+
+        begin, end, stride = values("begin", 0), values("end", 0), values("stride", 1)
+        begin_mask, end_mask, squeeze_mask = values("begin_mask", False), values("end_mask", False), \
+            values("squeeze_mask", False)
+        if any(v is None for v in (begin, end, stride, begin_mask, end_mask, squeeze_mask)):
+            return None
+        dims = []
+        for d, b, e, step, whole_start, whole_end, squeeze in zip(
+            source, begin, end, stride, begin_mask, end_mask, squeeze_mask
+        ):
+            if squeeze:
+                continue
+            start = 0 if whole_start else b
+            stop = d if whole_end else e
+            if all(isinstance(v, int) for v in (d, start, stop, step)) and step:
+                dims.append(len(range(d)[slice(start, stop, step)]))
+            elif step != 1 or start is UNKNOWN or stop is UNKNOWN:
+                dims.append(UNKNOWN)
+            elif start == 0 and stop == d:
+                dims.append(d)
+            elif start == 0 and _never_negative(stop) and self._at_most(stop, d):
+                dims.append(stop)  # a prefix no longer than the axis
+            elif whole_end and isinstance(start, int) and start >= 0 and self._dim_bounds(d)[0] >= start:
+                dims.append(dims_subtract(d, start))
+            else:
+                dims.append(UNKNOWN)
+        return tuple(dims)
+
+    def _reshaped(self, source, shape):
+        """A reshape's dims where its shape holds one -1: the element count of `source`
+        divided by the other dims, cancelled symbol by symbol."""
+        if source is None or any(d is UNKNOWN for d in (*source, *shape)):
+            return None
+        if any(isinstance(d, int) and (d == 0 or d < -1) for d in shape):
+            return None  # 0 copies a dim of x: not followed here
+        numerator = _factors(source)
+        denominator = _factors([d for d in shape if d != -1])
+        if numerator is None or denominator is None or denominator[0] == 0:
+            return None
+        coefficient, symbols = numerator
+        if coefficient % denominator[0]:
+            return None
+        remaining = symbols.copy()
+        remaining.subtract(denominator[1])
+        if any(count < 0 for count in remaining.values()):
+            return None
+        inferred = coefficient // denominator[0]
+        for symbol, count in sorted(remaining.items(), key=lambda item: item[0].name):
+            for _ in range(count):
+                inferred = dims_multiply(inferred, symbol)
+        return tuple(inferred if d == -1 else d for d in shape)
 
     def _matmul_shape(self, op: Operation):
         """A matmul's output dims: its operands' batch axes broadcast, then rows of x by columns of y."""
@@ -397,9 +587,10 @@ class MilAdapter:
         rank = len(source)
         if kind == "tile":
             reps = inputs["reps"].val
-            if reps is None or len(reps) != rank:
+            reps = self.shape_value(inputs["reps"]) if reps is None else [int(r) for r in reps]
+            if reps is None or len(reps) != rank or any(r is UNKNOWN for r in reps):
                 return None
-            return tuple(dims_multiply(d, int(r)) for d, r in zip(source, reps))
+            return tuple(dims_multiply(d, r) for d, r in zip(source, reps))
         if kind == "transpose":
             perm = inputs["perm"].val
             return None if perm is None or len(perm) != rank else tuple(source[int(p)] for p in perm)
@@ -461,10 +652,53 @@ class MilAdapter:
         if kind == "slice_by_index":
             return self._sliced(op)
         if kind in _SHAPE_ARITHMETIC:
-            return shape_values.elementwise(
-                _SHAPE_ARITHMETIC[kind], self.shape_value(inputs["x"]), self.shape_value(inputs["y"])
+            left, right = self.shape_value(inputs["x"]), self.shape_value(inputs["y"])
+            if kind == "sub" and left is not None and right is not None and len(left) == len(right):
+                # a dim less itself is 0 (HF's past length: the sequence read twice, subtracted)
+                return [0 if a == b and a is not UNKNOWN else dims_subtract(a, b) for a, b in zip(left, right)]
+            return shape_values.elementwise(_SHAPE_ARITHMETIC[kind], left, right)
+        if kind == "real_div":
+            return self._divided(self.shape_value(inputs["x"]), self.shape_value(inputs["y"]))
+        if kind == "select":
+            # torch's expand(-1): where(equal(size, -1), shape(x), size)
+            return shape_values.chosen(
+                self._shape_condition(inputs["cond"]), self.shape_value(inputs["a"]), self.shape_value(inputs["b"])
             )
         return None
+
+    def _shape_condition(self, value: Var) -> list | None:
+        """A bool vector compared out of shape values (equal / not_equal), elementwise."""
+        if value.val is not None:
+            return [bool(v) for v in np.asarray(value.val).reshape(-1)]
+        op = value.op
+        if op is None or op.op_type not in ("equal", "not_equal"):
+            return None
+        found = shape_values.equal(self.shape_value(op.inputs["x"]), self.shape_value(op.inputs["y"]))
+        if found is None or op.op_type == "equal":
+            return found
+        return [UNKNOWN if v is UNKNOWN else not v for v in found]
+
+    def _divided(self, left: list | None, right: list | None) -> list | None:
+        """An int real_div of shape values, where it is exact: a literal quotient, or a dim by
+        itself, 1 (the torch frontend's tile reps for an expand). At a size 0 the latter
+        divides by zero, which leaves the original no defined value to keep."""
+        if left is None or right is None:
+            return None
+        if len(left) == 1 and len(right) > 1:
+            left = left * len(right)
+        if len(right) == 1 and len(left) > 1:
+            right = right * len(left)
+        if len(left) != len(right):
+            return None
+        quotients = []
+        for a, b in zip(left, right):
+            if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
+                quotients.append(a // b)
+            elif a == b and a is not UNKNOWN:
+                quotients.append(1)
+            else:
+                quotients.append(UNKNOWN)
+        return quotients
 
     def _sliced(self, op: Operation) -> list | None:
         inputs = op.inputs
@@ -484,6 +718,11 @@ class MilAdapter:
         begin_mask, end_mask = first("begin_mask", False), first("end_mask", False)
         if unknown in (begin, end, stride, begin_mask, end_mask) or not stride:
             return None
+        if first("squeeze_mask", False):
+            # one element, at begin (end is not read): x[begin]
+            if begin is unknown or begin_mask or not -len(source) <= begin < len(source):
+                return None
+            return [source[begin]]
         begin = None if begin_mask else begin
         end = None if end_mask else end
         return shape_values.sliced(source, begin, end, stride)
@@ -828,8 +1067,15 @@ _REDUCTIONS = frozenset(
     "reduce_log_sum_exp reduce_sum_square".split()
 )
 _LAYOUT = _REDUCTIONS | {"expand_dims", "squeeze", "tile", "transpose"}
+# Ops whose output has x's shape.
+_SAME_SHAPE = frozenset({"layer_norm", "batch_norm", "instance_norm", "l2_norm", "local_response_norm", "band_part"})
+# Ops the torch frontend puts on a flexible sequence's way (see MilAdapter._frontend_shape).
+_FRONTEND_SHAPES = frozenset(
+    {"linear", "scaled_dot_product_attention", "split", "gather", "concat", "range_1d", "slice_by_index"}
+)
 _SHAPE_FOLLOWS = (
-    _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | {"select", "fill", "fill_like", "reshape", "matmul"}
+    _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | _SAME_SHAPE | _FRONTEND_SHAPES
+    | {"select", "fill", "fill_like", "reshape", "matmul"}
 )
 
 
@@ -847,7 +1093,37 @@ def _shape_operands(op: Operation) -> list:
         return [inputs["x"]]
     if kind == "matmul":
         return [inputs["x"], inputs["y"]]
+    if kind in _SAME_SHAPE or kind in ("linear", "split", "slice_by_index"):
+        return [inputs["x"]]
+    if kind == "reshape":
+        return [inputs["x"]]
+    if kind == "gather":
+        return [inputs["x"], inputs["indices"]]
+    if kind == "concat":
+        return list(inputs["values"])
+    if kind == "scaled_dot_product_attention":
+        return [inputs["query"], inputs["value"]]
     return []
+
+
+def _never_negative(dim) -> bool:
+    """A literal >= 0, or a symbol for a size or a sum or product of sizes (not a difference)."""
+    if isinstance(dim, int):
+        return dim >= 0
+    return isinstance(dim, Symbol) and "-" not in dim.name
+
+
+def _factors(dims) -> tuple[int, Counter] | None:
+    """A product of dims as (literal coefficient, symbols with their powers); None if a dim is unknown."""
+    coefficient, symbols = 1, Counter()
+    for d in dims:
+        if isinstance(d, int):
+            coefficient *= d
+        elif isinstance(d, Symbol):
+            symbols[d] += 1
+        else:
+            return None
+    return coefficient, symbols
 _SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 _SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
 _SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}

@@ -1,0 +1,518 @@
+"""The patterns coremltools' torch frontend emits, each proved on a converted torch model.
+
+Small hand-written torch modules that emit what transformers' models do (an
+additive padding mask, masked_fill(~tril, -inf), GPT-2's causal buffer, SDPA
+with `scale=`, a query scaled before the product, RMSNorm on (B, S, H), an
+expand of a buffer and grouped-query attention's repeat_kv), traced with
+`torch.jit.trace` and converted at iOS18 with a static and a `RangeDim`
+sequence, once with coremltools' default pipeline and once with
+`rewrite.mil.build_pass_pipeline()`. Each test checks which rules fired, the
+op counts before and after, and the values against torch (fp32, rtol 1e-3,
+by the reference evaluator; flexible models at two lengths), and the
+negative cases check that a rule stays away where it must.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
+from torch import nn  # noqa: E402
+
+from rewrite.backends.mil import ct  # noqa: E402
+from rewrite.backends.mil_reference import evaluate  # noqa: E402
+from rewrite.mil import GROUPS, build_pass_pipeline  # noqa: E402
+
+WIDTH, HEADS = 32, 4
+HEAD = WIDTH // HEADS
+LENGTH = 8  # static, and the RangeDim's default
+LENGTHS = (5, 11)  # where flexible programs are evaluated
+RTOL, ATOL = 1e-3, 1e-5
+
+
+# ------------------------------------------------------------------ modules
+
+
+class Heads(nn.Module):
+    """q, k, v of shape (B, H, S, E) out of one projection, as GPT-2 and BERT split them."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+
+    def split(self, x):
+        batch, length, _ = x.shape
+        return (t.view(batch, length, HEADS, HEAD).transpose(1, 2) for t in self.qkv(x).split(WIDTH, dim=-1))
+
+    @staticmethod
+    def merge(out):
+        batch, _, length, _ = out.shape
+        return out.transpose(1, 2).reshape(batch, length, WIDTH)
+
+
+class PaddingMaskAttention(Heads):
+    """HF BERT's eager attention: the padding mask made additive, (1 - mask)·min, added to the scaled scores."""
+
+    inputs = ("x", "mask")
+
+    def forward(self, x, mask):
+        q, k, v = self.split(x)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD)
+        additive = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        return self.merge(torch.softmax(scores + additive, dim=-1) @ v)
+
+
+class ScaledCausalSdpa(Heads):
+    """SDPA with is_causal and scale=, which coremltools lowers itself: mul(q, scale), then
+    add(matmul(., k, transpose_y), mul(-30000, sub(1, cast(tril)))), softmax, matmul."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        return self.merge(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3))
+
+
+class MaskedFillAttention(Heads):
+    """masked_fill(~tril, fill), which coremltools lowers to select(cond=~tril, a=fill, b=scores)
+    with -inf written as -3.4e38. `diagonal=-1` leaves the first row nothing to keep."""
+
+    def __init__(self, fill: float = float("-inf"), diagonal: int = 0):
+        super().__init__()
+        self.fill, self.diagonal = fill, diagonal
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(HEAD))
+        length = x.shape[1]
+        keep = torch.tril(torch.ones(length, length, dtype=torch.bool), diagonal=self.diagonal)
+        return self.merge(torch.softmax(scores.masked_fill(~keep, self.fill), dim=-1) @ v)
+
+
+class CausalBufferAttention(Heads):
+    """HF GPT-2's eager attention: a causal `bias` buffer sliced to the runtime lengths, and
+    torch.where(causal, scores, finfo.min)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(64, 64, dtype=torch.bool)).view(1, 1, 64, 64))
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(HEAD)
+        query_length, key_length = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, key_length - query_length:key_length, :key_length]
+        lowest = torch.full([], torch.finfo(scores.dtype).min, dtype=scores.dtype)
+        return self.merge(torch.softmax(torch.where(causal, scores, lowest), dim=-1) @ v)
+
+
+class PrescaledQueryAttention(Heads):
+    """The scale on the query, as some models write it: the fused op's own 1/sqrt(E) undoes it."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        q = q * HEAD**-0.5
+        return self.merge(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v)
+
+
+class ScalingChain(nn.Module):
+    """Constant factors applied one after another: (h·0.5)·0.125, and (h·0.25)·4, which is h."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        return self.down(h * 0.5 * 0.125) + (h * 0.25) * 4.0
+
+
+class RMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm, on (B, S, H)."""
+
+    def __init__(self, axis: int = -1):
+        super().__init__()
+        self.axis = axis
+        self.weight = nn.Parameter(1.0 + 0.2 * torch.randn(WIDTH))
+
+    def forward(self, x):
+        variance = x.pow(2).mean(self.axis, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + 1e-6))
+
+
+class Embeddings(nn.Module):
+    """BERT's embeddings: buffers sliced to the runtime length, the token types expanded
+    (a tile by reps computed at run time under a flexible sequence)."""
+
+    inputs = ("x",)
+    integer_inputs = True
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.positions = nn.Embedding(50, WIDTH), nn.Embedding(64, WIDTH)
+        self.types = nn.Embedding(2, WIDTH)
+        self.register_buffer("position_ids", torch.arange(64).expand(1, -1))
+        self.register_buffer("token_type_ids", torch.zeros(1, 64, dtype=torch.long))
+        self.norm = nn.LayerNorm(WIDTH)
+
+    def forward(self, ids):
+        length = ids.size(1)
+        types = self.token_type_ids[:, :length].expand(ids.size(0), length)
+        positions = self.position_ids[:, :length]
+        return self.norm(self.words(ids) + self.types(types) + self.positions(positions))
+
+
+class RepeatKeyValue(Heads):
+    """Llama's repeat_kv for grouped-query attention: (B, 2, S, E) expanded to 4 heads and reshaped."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        k, v = k[:, :2], v[:, :2]
+        batch, groups, length, head = k.shape
+
+        def repeat(t):
+            return t[:, :, None, :, :].expand(batch, groups, 2, length, head).reshape(batch, 2 * groups, length, head)
+
+        return self.merge(F.scaled_dot_product_attention(q, repeat(k), repeat(v)))
+
+
+# ------------------------------------------------------------------ conversion
+
+
+def _inputs(module, length: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if getattr(module, "integer_inputs", False):
+        return [rng.integers(0, 50, size=(1, length)).astype(np.int32)]
+    x = rng.standard_normal((1, length, WIDTH)).astype(np.float32)
+    if getattr(module, "inputs", ("x",)) == ("x", "mask"):
+        mask = np.ones((1, length), dtype=np.int32)
+        mask[0, -2:] = 0  # padding at the end
+        return [x, mask]
+    return [x]
+
+
+def _tensors(arrays):
+    return tuple(torch.from_numpy(a).long() if a.dtype == np.int32 else torch.from_numpy(a) for a in arrays)
+
+
+def _input_types(module, flexible: bool):
+    length = ct.RangeDim(1, 64, default=LENGTH) if flexible else LENGTH
+    names = getattr(module, "inputs", ("x",))
+    if getattr(module, "integer_inputs", False):
+        return [ct.TensorType(name="x", shape=(1, length), dtype=np.int32)]
+    types = [ct.TensorType(name="x", shape=(1, length, WIDTH))]
+    if "mask" in names:
+        types.append(ct.TensorType(name="mask", shape=(1, length), dtype=np.int32))
+    return types
+
+
+def _fired() -> Counter:
+    """The rules that fired in the last conversion, over all rule groups."""
+    counts: Counter = Counter()
+    for group in GROUPS:
+        statistics = PASS_REGISTRY[group.name].last_statistics
+        counts.update({name: s.fires for name, s in statistics.rules.items() if s.fires})
+    return counts
+
+
+@functools.cache
+def converted(name: str, flexible: bool, ours: bool):
+    """(module, program, rules fired) for MODELS[name], static or flexible, default pipeline or ours."""
+    factory = MODELS[name]
+    torch.manual_seed(0)
+    module = factory().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings
+        traced = torch.jit.trace(module, _tensors(_inputs(module, LENGTH, 0)))
+        program = ct.convert(
+            traced,
+            inputs=_input_types(module, flexible),
+            convert_to="milinternal",
+            minimum_deployment_target=ct.target.iOS18,
+            compute_precision=ct.precision.FLOAT32,
+            pass_pipeline=build_pass_pipeline() if ours else ct.PassPipeline.DEFAULT,
+        )
+    return module, program, _fired() if ours else Counter()
+
+
+def histogram(program) -> Counter:
+    counts: Counter = Counter()
+    pending = [program.functions["main"]]
+    while pending:
+        for op in pending.pop().operations:
+            counts[op.op_type] += 1
+            pending.extend(op.blocks)
+    counts.pop("const", None)
+    return counts
+
+
+def ops(program) -> int:
+    return sum(histogram(program).values())
+
+
+def assert_computes(name: str, flexible: bool, ours: bool = True) -> None:
+    """The program computes what the torch module does (fp32), at two lengths if flexible."""
+    module, program, _ = converted(name, flexible, ours)
+    for seed, length in enumerate(LENGTHS if flexible else (LENGTH,), start=1):
+        arrays = _inputs(module, length, seed)
+        with torch.no_grad():
+            want = module(*_tensors(arrays)).numpy()
+        names = ["x", "mask"][: len(arrays)]
+        (got,) = evaluate(program, dict(zip(names, arrays))).values()
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+MODELS = {
+    "padding_mask": PaddingMaskAttention,
+    "scaled_sdpa": ScaledCausalSdpa,
+    "masked_fill": MaskedFillAttention,
+    "masked_fill_finite": lambda: MaskedFillAttention(fill=-1e4),
+    "masked_fill_empty_row": lambda: MaskedFillAttention(diagonal=-1),
+    "causal_buffer": CausalBufferAttention,
+    "prescaled_query": PrescaledQueryAttention,
+    "scaling_chain": ScalingChain,
+    "rmsnorm": RMSNorm,
+    "rmsnorm_other_axis": lambda: RMSNorm(axis=-2),
+    "embeddings": Embeddings,
+    "repeat_kv": RepeatKeyValue,
+}
+
+SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
+
+
+def fused_attention(name: str, flexible: bool, rule: str) -> None:
+    """The attention of MODELS[name] became one scaled_dot_product_attention by `rule`."""
+    _, default, _ = converted(name, flexible, False)
+    _, ours, fired = converted(name, flexible, True)
+    assert fired[rule] == 1, fired
+    before, after = histogram(default), histogram(ours)
+    assert before["softmax"] == 1 and after["softmax"] == 0
+    assert after["scaled_dot_product_attention"] == 1
+    assert ops(ours) < ops(default), (before, after)
+    assert_computes(name, flexible)
+
+
+# ------------------------------------------------------------------ attention with an additive mask
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_an_additive_padding_mask_is_the_fused_ops_float_mask(flexible):
+    fused_attention("padding_mask", flexible, "fuse_additive_mask_attention_to_sdpa")
+    _, ours, _ = converted("padding_mask", flexible, True)
+    # The scale went into the query and came out as exactly 1: no mul is left.
+    assert histogram(ours)["mul"] == 1  # the mask's (1 - m)·min
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_coremltools_own_lowering_of_sdpa_with_scale_is_fused_back(flexible):
+    fused_attention("scaled_sdpa", flexible, "fuse_additive_mask_attention_to_sdpa")
+    _, default, _ = converted("scaled_sdpa", flexible, False)
+    _, ours, _ = converted("scaled_sdpa", flexible, True)
+    # The query's mul(q, 0.3) now multiplies by 0.3·sqrt(8) instead: one mul
+    # still, not a second one on top of it.
+    assert histogram(ours)["mul"] == histogram(default)["mul"]
+
+
+# ------------------------------------------------------------------ masked_fill(~mask, -inf)
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_masked_fill_of_the_negated_causal_mask_is_fused(flexible):
+    fused_attention("masked_fill", flexible, "fuse_masked_fill_attention_to_sdpa")
+    _, ours, _ = converted("masked_fill", flexible, True)
+    assert histogram(ours)["logical_not"] == 0  # not(not(tril)) is tril; a constant one is folded
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_a_fill_that_is_not_minus_infinity_stays(flexible):
+    # -1e4 is a number a row's scores can reach: the select is not the op's mask.
+    _, default, _ = converted("masked_fill_finite", flexible, False)
+    _, ours, fired = converted("masked_fill_finite", flexible, True)
+    assert not any("sdpa" in rule for rule in fired)
+    assert histogram(ours)["softmax"] == 1 and histogram(ours)["select"] == 1
+    # At most the select's fill, widened to the scores' runtime shape for Core
+    # ML's runtime (broadcast_select_operands): a fill_like, one op more.
+    assert ops(ours) <= ops(default) + histogram(ours)["fill_like"]
+    assert_computes("masked_fill_finite", flexible)
+
+
+def test_a_mask_that_empties_a_row_stays_with_a_finite_fill():
+    # tril(diagonal=-1) keeps nothing of the first row: under coremltools' finite
+    # -3.4e38 the row is uniform, where the fused op's boolean mask gives NaN.
+    _, default, _ = converted("masked_fill_empty_row", False, False)
+    module, ours, fired = converted("masked_fill_empty_row", False, True)
+    assert not any("sdpa" in rule for rule in fired)
+    assert histogram(ours)["softmax"] == 1
+    x = _inputs(module, LENGTH, 1)[0]
+    (want,) = evaluate(default, {"x": x}).values()
+    (got,) = evaluate(ours, {"x": x}).values()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ GPT-2's causal buffer
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_gpt2_causal_buffer_attention_is_fused(flexible):
+    fused_attention("causal_buffer", flexible, "fuse_masked_attention_to_sdpa")
+    _, ours, fired = converted("causal_buffer", flexible, True)
+    # the key's head split and Kᵀ, merged into one transpose, given back to matmul's flag
+    assert fired["move_transpose_swap_into_matmul_y"] >= 1
+    if flexible:
+        # the select's fill that broadcast_select_operands widened, read as one fill
+        assert fired["fold_scalar_into_zero_fill"] == 1
+        assert histogram(ours)["select"] == 0
+
+
+# ------------------------------------------------------------------ scaling chains
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_a_query_scale_undone_by_the_fused_op_leaves_no_multiply(flexible):
+    # (q·8^-0.5)·sqrt(8) is folded to one factor, rounded once: exactly 1.
+    fused_attention("prescaled_query", flexible, "fuse_attention_to_sdpa")
+    _, ours, fired = converted("prescaled_query", flexible, True)
+    assert fired["remove_scaling_by_one"] == 1
+    assert histogram(ours)["mul"] == 0
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_a_chain_of_constant_scalings_is_one(flexible):
+    _, default, _ = converted("scaling_chain", flexible, False)
+    _, ours, fired = converted("scaling_chain", flexible, True)
+    assert fired["fold_scaling_chain"] == 2 and fired["remove_scaling_by_one"] == 1
+    assert histogram(default)["mul"] == 4 and histogram(ours)["mul"] == 1
+    assert ops(ours) == ops(default) - 3
+    assert_computes("scaling_chain", flexible)
+
+
+# ------------------------------------------------------------------ RMSNorm
+
+
+@pytest.mark.parametrize("flexible", SHAPES)
+def test_rmsnorm_on_batch_sequence_hidden_takes_four_ops(flexible):
+    _, default, _ = converted("rmsnorm", flexible, False)
+    _, ours, fired = converted("rmsnorm", flexible, True)
+    assert fired["fuse_rmsnorm_rows"] == 1 and fired["fold_norm_scale_into_weight"] == 1
+    assert histogram(default) == Counter({"pow": 1, "reduce_mean": 1, "add": 1, "rsqrt": 1, "mul": 2})
+    assert histogram(ours) == Counter({"reduce_sum_square": 1, "rsqrt": 1, "mul": 2})
+    assert_computes("rmsnorm", flexible)
+
+
+def test_a_mean_over_another_axis_is_no_rmsnorm():
+    _, default, _ = converted("rmsnorm_other_axis", False, False)
+    _, ours, fired = converted("rmsnorm_other_axis", False, True)
+    assert "fuse_rmsnorm_rows" not in fired and "fuse_rmsnorm" not in fired
+    assert histogram(ours) == histogram(default)
+    assert_computes("rmsnorm_other_axis", False)
+
+
+# ------------------------------------------------------------------ flexible-sequence plumbing
+
+
+def test_an_expanded_buffer_slice_needs_no_runtime_tile():
+    # Flexible: token_type_ids[:, :L].expand(1, L) is a tile by reps computed
+    # from shape(x) at run time; the reps are proved to be ones and the tile,
+    # with the equal/select/real_div plumbing, goes.
+    _, default, _ = converted("embeddings", True, False)
+    _, ours, fired = converted("embeddings", True, True)
+    assert fired["constant_tile_reps"] == 1 and fired["remove_identity_tile"] >= 1
+    before, after = histogram(default), histogram(ours)
+    assert before["tile"] == 1 and before["real_div"] == 1
+    assert after["tile"] == after["real_div"] == after["equal"] == 0
+    assert ops(ours) < ops(default)
+    assert_computes("embeddings", True)
+    assert_computes("embeddings", False)
+
+
+def test_grouped_query_attention_repeats_by_constant_reps():
+    _, default, _ = converted("repeat_kv", True, False)
+    _, ours, fired = converted("repeat_kv", True, True)
+    assert fired["constant_tile_reps"] == 2
+    before, after = histogram(default), histogram(ours)
+    assert before["tile"] == after["tile"] == 2  # the repeat itself stays; what computed its reps goes
+    assert after["real_div"] == after["equal"] == after["shape"] == 0
+    assert ops(ours) < ops(default)
+    _, static, _ = converted("repeat_kv", False, True)
+    assert ops(ours) == ops(static)
+    assert_computes("repeat_kv", True)
+
+
+# What a flexible program computes beyond its static twin: the mask, from the
+# length read at run time. Nothing of the views' and expands' sizes.
+RUNTIME_MASK = {
+    "padding_mask": Counter(),
+    "prescaled_query": Counter(),
+    "rmsnorm": Counter(),
+    "scaling_chain": Counter(),
+    # tril(ones(L, L)): the length read, a fill of (L, L), cast to bool, its band
+    "masked_fill": Counter({"shape": 1, "gather": 1, "concat": 1, "fill": 1, "cast": 1, "band_part": 1}),
+    # bias[:, :, kl - ql:kl, :kl]: both lengths read, subtracted, two slices by them
+    "causal_buffer": Counter({"shape": 2, "gather": 2, "sub": 1, "concat": 3, "slice_by_index": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_MASK))
+def test_flexible_programs_are_their_static_twins_but_for_the_mask(name):
+    _, static, _ = converted(name, False, True)
+    _, flexible, _ = converted(name, True, True)
+    assert histogram(flexible) - histogram(static) == RUNTIME_MASK[name]
+    assert histogram(static) - histogram(flexible) == Counter()
+
+
+# ------------------------------------------------------------------ the same rules on stablehlo-coreml's output
+
+
+@pytest.fixture(scope="module")
+def jax_side():
+    pytest.importorskip("jax")
+    pytest.importorskip("stablehlo_coreml")
+    import jax_programs
+    import parity
+
+    return jax_programs, parity
+
+
+def test_stablehlo_rmsnorm_heads_with_a_weight_folds_sqrt_d_into_the_weight(jax_side):
+    # l2_norm, mul(., 8.0), mul(., weight): stablehlo-coreml's own pipeline
+    # leaves 2 ops; so does ours now (fuse_rmsnorm, fold_norm_scale_into_weight).
+    jax_programs, parity = jax_side
+    weight = np.random.default_rng(3).normal(size=(64,)).astype(np.float32)
+
+    def rmsnorm_weighted(x):
+        return jax_programs.rmsnorm(x) * weight
+
+    for symbolic in (False, True):
+        raw = jax_programs.convert(rmsnorm_weighted, [(("b", 1, 1, 64), np.float32)], symbolic)
+        theirs = parity.optimized(raw, parity.their_pipeline())
+        ours = parity.optimized(raw, parity.our_pipeline())
+        assert histogram(ours) == Counter({"l2_norm": 1, "mul": 1})
+        assert ops(ours) <= ops(theirs)  # theirs: the same 2 ops static, more under a symbolic batch
+        for batch in (2, 3):
+            x = np.random.default_rng(batch).normal(size=(batch if symbolic else jax_programs.STATIC_BATCH, 1, 1, 64))
+            x = x.astype(np.float32)
+            want = np.asarray(rmsnorm_weighted(x))
+            (got,) = evaluate(ours, {list(ours.functions["main"].inputs)[0]: x}).values()
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_stablehlo_batch_one_causal_attention_is_one_op(jax_side):
+    # stablehlo-coreml squeezes the batch of 1 around each 2-D matmul; lifted
+    # back (lift_matmul_out_of_batch_one_reshapes), the key's transpose folds
+    # into matmul's flag and the attention fuses: 12 ops (theirs too) to 1.
+    jax_programs, parity = jax_side
+    raw = jax_programs.converted("causal_attention_arange", False)
+    theirs = parity.optimized(raw, parity.their_pipeline())
+    ours = parity.optimized(raw, parity.our_pipeline())
+    assert ops(theirs) == 12
+    assert histogram(ours) == Counter({"scaled_dot_product_attention": 1})
+    assert parity.agrees_with_jax("causal_attention_arange", ours, False).ok
