@@ -97,19 +97,25 @@ class Value:
     """A name defined in one graph: a graph input, an initializer or a node output."""
 
     __slots__ = (
-        "name", "graph", "producer", "uses", "dead_uses", "output_of", "initializer", "shape", "dtype", "contents",
-        "_constant",
+        "name", "graph", "producer", "uses", "stale", "detached", "output_of", "initializer", "shape", "dtype",
+        "contents", "_constant",
     )
 
     def __init__(self, name: str, graph: Graph, producer: Node | None = None):
         self.name = name
         self.graph = graph
         self.producer = producer
-        # Nodes using the value, in order; removed nodes are dropped lazily
-        # (see `_drop_use`) so that a value shared by thousands of nodes, such
-        # as a common initializer, loses a use in amortized O(1).
+        # Nodes using the value, once per operand position, in order. Entries
+        # go stale lazily (see "uses" below) so that a value shared by
+        # thousands of nodes, such as one attention mask or one Shape feeding
+        # every layer, loses a use in amortized O(1): `stale` counts them, so
+        # "is it used?" is `len(uses) > stale`, O(1).
         self.uses: list[Node] = []
-        self.dead_uses = 0
+        self.stale = 0
+        # Live nodes that stopped using the value at some positions (an
+        # operand replaced in one consumer), with how many of their entries in
+        # `uses` are stale; None when there are none.
+        self.detached: dict[Node, int] | None = None
         self.output_of: tuple[Graph, ...] = ()  # graphs (this one or nested ones) that output it
         self.initializer: onnx.TensorProto | None = None
         self.shape: tuple | None = None
@@ -124,7 +130,7 @@ class Value:
 class Node:
     """One NodeProto, with its operands resolved to `Value`s through the scopes."""
 
-    __slots__ = ("proto", "type", "graph", "inputs", "outputs", "blocks", "live")
+    __slots__ = ("proto", "type", "graph", "inputs", "outputs", "blocks", "live", "positions")
 
     def __init__(self, proto: onnx.NodeProto, graph: Graph):
         self.proto = proto
@@ -138,6 +144,10 @@ class Node:
         self.outputs: tuple[Value | None, ...] = ()
         self.blocks: tuple[Graph, ...] = ()
         self.live = True
+        # For a node with many inputs (a Concat or Sum of thousands), the
+        # positions of each value among them, built at its first operand
+        # replacement, so that replacing one operand does not walk them all.
+        self.positions: dict[Value, list[int]] | None = None
 
     def __repr__(self) -> str:
         return f"Node({self.proto.op_type} {self.proto.name})"
@@ -365,6 +375,8 @@ class OnnxAdapter:
                     raise OnnxError(f"{_label(op)}: attribute '{name}' has no type")
                 value = helper.get_attribute_value(attribute)
                 if isinstance(value, onnx.TensorProto):
+                    if self._left_on_disk(value):
+                        return None  # see `_left_on_disk`
                     try:
                         value = onnx_shapes.read_tensor(value, self.base_dir).tolist()
                     except onnx_shapes.UnreadableTensor as error:
@@ -386,6 +398,10 @@ class OnnxAdapter:
 
     def consumers(self, value: Value) -> Sequence[Node]:
         return _live_uses(value)
+
+    def has_uses(self, value: Value) -> bool:
+        """Whether a live node uses `value` or a graph outputs it: O(1) (see `Value.stale`)."""
+        return len(value.uses) > value.stale or bool(value.output_of)
 
     def is_block_output(self, value: Value) -> bool:
         return _is_output(value)
@@ -431,6 +447,8 @@ class OnnxAdapter:
 
     def constant(self, value: Value):
         if value._constant is None:
+            if self._too_big_to_read(value):
+                return None
             try:
                 value._constant = onnx_shapes.constant_of(value, self.base_dir)
             except onnx_shapes.UnreadableTensor as error:
@@ -445,6 +463,31 @@ class OnnxAdapter:
 
     def value_name(self, value: Value) -> str:
         return value.name
+
+    def _too_big_to_read(self, value: Value) -> bool:
+        """Whether `value` is an initializer or Constant whose tensor stays on disk (`_left_on_disk`)."""
+        tensor = value.initializer
+        if tensor is None and value.producer is not None and value.producer.type == "Constant":
+            tensor = next((a.t for a in value.producer.proto.attribute if a.name == "value" and a.HasField("t")),
+                          None)
+        return tensor is not None and self._left_on_disk(tensor)
+
+    def _left_on_disk(self, tensor: onnx.TensorProto) -> bool:
+        """Whether `tensor` is external data no rule gets to read: larger than a rule ever needs, or homeless.
+
+        External tensors stay where they are (see `onnx_files`): a rule asks
+        for constants to read shapes, repeats, axes and scalars, and reading
+        a weight only to find it is none of those would bring gigabytes in.
+        Such a tensor reads as no constant: no rule can depend on its value.
+        Without the model's folder there is nowhere to read one from (never
+        the working directory).
+        """
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return False
+        if self.base_dir is None:
+            return True
+        size = onnx_files.external_size(tensor)
+        return size is None or size > onnx_files.EXTERNAL_READ_LIMIT
 
     # ---- mutation
 
@@ -508,26 +551,26 @@ class OnnxAdapter:
         return node
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
+        if old is new:
+            return
+        uses = new.uses
         for node in _live_uses(old):
-            for position, value in enumerate(node.inputs):
-                if value is old:
-                    node.proto.input[position] = new.name
-            node.inputs = tuple(new if value is old else value for value in node.inputs)
-            new.uses.append(node)
+            # One entry per position, as indexing makes them.
+            uses.extend(itertools.repeat(node, _substitute(node, old, new)))
         old.uses = []
-        old.dead_uses = 0
+        old.stale = 0
+        old.detached = None
         if _is_output(old):
             self._replace_output(old, new)
 
     def replace_operand(self, op: Node, old: Value, new: Value) -> None:
-        if not any(value is old for value in op.inputs):
+        if old is new:
             return
-        for position, value in enumerate(op.inputs):
-            if value is old:
-                op.proto.input[position] = new.name
-        op.inputs = tuple(new if value is old else value for value in op.inputs)
-        old.uses = [use for use in old.uses if use is not op]  # op is live: no lazy removal
-        new.uses.append(op)
+        count = _substitute(op, old, new)
+        if not count:
+            return
+        _detach_use(old, op, count)
+        new.uses.extend(itertools.repeat(op, count))
         op.graph.dirty = True
 
     def _replace_output(self, old: Value, new: Value) -> None:
@@ -589,15 +632,33 @@ class OnnxAdapter:
         graph.values[name] = value
 
     def remove_op(self, op: Node) -> None:
-        op.live = False
         self._removed.append(op)
-        for value in op.inputs:
-            if value is not None:
-                _drop_use(value, op)
+        self._retire(op)
         for value in op.outputs:
             if value is not None:
                 op.graph.values.pop(value.name, None)
         op.graph.dirty = True
+
+    def _retire(self, op: Node) -> None:
+        """Mark `op` and every node of its subgraphs removed, and drop their uses.
+
+        A body's nodes use values of enclosing scopes by name, and a body may
+        output one: once the owner is gone neither is a use any longer, or a
+        value only a removed body read would look used for ever.
+        """
+        pending = [op]
+        while pending:
+            node = pending.pop()
+            node.live = False
+            for value in node.inputs:
+                if value is not None:
+                    _drop_use(value, node)
+            for block in node.blocks:
+                for value in block.outputs:
+                    if value is not None:
+                        value.output_of = tuple(graph for graph in value.output_of if graph is not block)
+                self._place_inserted(block)
+                pending.extend(inner for inner in block.nodes if inner.live)
 
     def count_ops(self) -> int:
         """Live nodes, subgraphs included."""
@@ -634,6 +695,7 @@ class OnnxAdapter:
                 if node.blocks:
                     stack.extend(node.blocks)
                 node.inputs = node.outputs = ()
+                node.positions = None
             graph.nodes, graph.values, graph.outputs, graph.inserted, graph.added = [], {}, [], {}, []
             graph.parent = graph.owner = None
         for node in self._removed:
@@ -679,28 +741,112 @@ class OnnxAdapter:
         graph.dirty = False
 
 
+# ---- uses
+#
+# `Value.uses` holds one entry per (node, position) that reads the value. An
+# entry goes stale when its node is removed (it is no longer `live`) or stops
+# reading the value there (an operand replaced in that node alone: counted in
+# `Value.detached`). Stale entries are only counted, in `Value.stale`, and
+# filtered out when they are half the list, or when the uses are listed
+# (which costs what listing costs anyway). So dropping a use is amortized
+# O(1) however many nodes share the value, and "is it used?" is one
+# comparison. Entries of one node are interchangeable, which is what lets a
+# count stand for which ones are stale.
+
+# Lists this short are edited at once: cheaper than the bookkeeping.
+_SHORT = 8
+# A node with more inputs than this gets a position index at its first
+# operand replacement (see `Node.positions`).
+_WIDE = 16
+
+
 def _live_uses(value: Value) -> list[Node]:
     """The distinct live nodes using `value`, in order."""
+    if value.stale:
+        _compact(value)
     uses = value.uses
-    if value.dead_uses:
-        uses = [use for use in uses if use.live]
     if len(uses) < 2:
         return list(uses)
     return list(dict.fromkeys(uses))
 
 
 def _drop_use(value: Value, node: Node) -> None:
-    # Small lists shrink at once; a long one (a value many nodes share) only
-    # counts the dead use and is compacted when half of it is dead, so that
-    # removing all its users costs linear time, not quadratic.
+    """One entry of `node`, a node just removed, is stale now."""
+    value.stale += 1
+    if value.stale * 2 > len(value.uses):
+        _compact(value)
+
+
+def _detach_use(value: Value, node: Node, count: int) -> None:
+    """`count` entries of `node`, a live node, are stale now: it reads something else there."""
     uses = value.uses
-    if len(uses) <= 8:
-        value.uses = [use for use in uses if use is not node]
+    if len(uses) <= _SHORT and value.detached is None:
+        for _ in range(count):
+            uses.remove(node)  # node is live: each of its entries is one of its current uses
         return
-    value.dead_uses += 1  # at least one entry is dead: _live_uses must filter
-    if value.dead_uses * 2 > len(uses):
-        value.uses = [use for use in uses if use.live]
-        value.dead_uses = 0
+    if value.detached is None:
+        value.detached = {}
+    value.detached[node] = value.detached.get(node, 0) + count
+    value.stale += count
+    if value.stale * 2 > len(uses):
+        _compact(value)
+
+
+def _compact(value: Value) -> None:
+    detached = value.detached
+    if detached:
+        owed = dict(detached)
+        kept = []
+        for use in value.uses:
+            if not use.live:
+                continue
+            count = owed.get(use)
+            if count:
+                owed[use] = count - 1
+                continue
+            kept.append(use)
+    else:
+        kept = [use for use in value.uses if use.live]
+    value.uses = kept
+    value.stale = 0
+    value.detached = None
+
+
+def _substitute(node: Node, old: Value, new: Value) -> int:
+    """Make `node` read `new` wherever it reads `old`; return at how many positions.
+
+    Only the positions holding `old` are visited on a node with a position
+    index, so that replacing each of the thousands of inputs of one Concat
+    in turn is linear in all, not quadratic.
+    """
+    positions = node.positions
+    if positions is None and len(node.inputs) > _WIDE:
+        positions = {}
+        for position, value in enumerate(node.inputs):
+            if value is not None:
+                positions.setdefault(value, []).append(position)
+        node.positions = positions
+        node.inputs = list(node.inputs)  # edited in place from now on
+    field = node.proto.input
+    if positions is not None:
+        found = positions.pop(old, None)
+        if not found:
+            return 0
+        inputs = node.inputs
+        name = new.name
+        for position in found:
+            inputs[position] = new
+            field[position] = name
+        positions.setdefault(new, []).extend(found)
+        return len(found)
+    count = 0
+    for position, value in enumerate(node.inputs):
+        if value is old:
+            field[position] = new.name
+            count += 1
+    if count:
+        node.inputs = tuple(new if value is old else value for value in node.inputs)
+    return count
 
 
 def _is_output(value: Value) -> bool:
@@ -815,7 +961,8 @@ def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, bool]:
     or non-ONNX file is an `OnnxError`.
     """
     try:
-        model, source = onnx_files.read_onnx(path)
+        # Read in: a caller of this function may hand the model to anything.
+        model, source = onnx_files.read_onnx(path, lazy=False)
     except onnx_files.OnnxFileError as error:
         raise OnnxError(str(error)) from None
     return model, source.external_data
@@ -941,6 +1088,13 @@ def _branching(nodes, outputs, flag: str) -> onnx.NodeProto:
 
     return helper.make_node("If", [flag], list(outputs), name="nest",
                             then_branch=branch("_then"), else_branch=branch("_else"))
+
+
+def validate_example(model: onnx.ModelProto) -> None:
+    """Raise if onnx's full checker rejects `model` (a type an op does not
+    take, say int64 for Mean): such a graph is no instance to verify a rule
+    on, however leniently onnx's reference evaluator runs it."""
+    onnx.checker.check_model(model, full_check=True)
 
 
 def copy_program(model: onnx.ModelProto) -> onnx.ModelProto:

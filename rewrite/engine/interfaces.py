@@ -136,6 +136,13 @@ class Adapter(Protocol):
     def is_block_output(self, value: Value) -> bool:
         """True if `value` is an output of any block (a function output included)."""
 
+    def has_uses(self, value: Value) -> bool:
+        """Optional. Whether any op takes `value` as an operand or any block
+        outputs it, in O(1): `bool(consumers(value)) or is_block_output(value)`
+        without listing the consumers. Cleaning up after each rewrite asks it
+        of every output of every op it visits, and a value one attention mask
+        or `Shape` makes can have thousands of consumers (see `uses_checker`)."""
+
     def shape(self, value: Value) -> tuple[Dim, ...] | None:
         """The dims of `value`; None when its rank is unknown."""
 
@@ -194,6 +201,22 @@ class Adapter(Protocol):
     def release(self) -> None:
         """Optional. Called by `RuleSet.apply`, which made the adapter, once it
         is done with it: drop whatever index the adapter built."""
+
+
+# ---------------------------------------------------------------- helpers for the engine
+
+
+def uses_checker(adapter: Adapter) -> Callable[[Value], bool]:
+    """`adapter.has_uses`, or the same answer from `consumers` for an adapter without it.
+
+    The fallback lists the consumers, so it costs as many as the value has:
+    an adapter over an IR that keeps its uses should say `has_uses` itself.
+    """
+    has_uses = getattr(adapter, "has_uses", None)
+    if has_uses is not None:
+        return has_uses
+    consumers, is_block_output = adapter.consumers, adapter.is_block_output
+    return lambda value: bool(consumers(value)) or is_block_output(value)
 
 
 # ---------------------------------------------------------------- helpers for adapters

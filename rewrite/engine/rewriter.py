@@ -9,7 +9,7 @@ from typing import Any
 
 from rewrite.engine.conditions import Evaluator
 from rewrite.engine.guard import Refusal, ShapeGuard
-from rewrite.engine.interfaces import Adapter, Op, Value
+from rewrite.engine.interfaces import Adapter, Op, Value, uses_checker
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.language import ast
@@ -270,17 +270,48 @@ def remove_dead(adapter: Adapter, candidates: Sequence[Op]) -> int:
 
     Only ops reachable backwards from what a rewrite touched are visited, so
     the cost is proportional to what the rewrite made dead, not to the graph.
+    Whether an op is dead is asked of its outputs in O(1) (`has_uses`), never
+    by listing their consumers: a value shared by every layer (one mask, one
+    `Shape`) is visited once per removed consumer, and listing its thousands
+    of uses each time made a run quadratic. Returns the ops removed, those of
+    a removed op's nested blocks included.
     """
+    has_uses = uses_checker(adapter)
     removed = 0
     worklist = [op for op in candidates if op is not None]
     while worklist:
         op = worklist.pop()
         if not adapter.is_live(op) or adapter.has_side_effects(op):
             continue
-        if any(adapter.consumers(v) or adapter.is_block_output(v) for v in adapter.outputs(op)):
+        if any(has_uses(v) for v in adapter.outputs(op)):
             continue
-        producers = [adapter.producer(v) for v in adapter.operands(op)]
+        operands = list(adapter.operands(op))
+        nested = adapter.nested_blocks(op)
+        inner = _nested_ops(adapter, nested) if nested else ()
+        if any(adapter.has_side_effects(inner_op) for inner_op in inner):
+            continue  # a body that writes state keeps its op, used or not
+        for inner_op in inner:
+            # A body reads values of the enclosing scopes by name (ONNX) or
+            # as operands (MIL): their producers may be dead with it.
+            operands.extend(adapter.operands(inner_op))
+        for block in nested:
+            operands.extend(adapter.block_outputs(block))
         adapter.remove_op(op)
-        removed += 1
-        worklist.extend(p for p in producers if p is not None)
+        removed += 1 + len(inner)
+        for value in operands:
+            producer = adapter.producer(value)
+            if producer is not None:
+                worklist.append(producer)
     return removed
+
+
+def _nested_ops(adapter: Adapter, blocks: Sequence) -> list[Op]:
+    """Every op of `blocks` and of the blocks nested in them, without recursion."""
+    found: list[Op] = []
+    pending = list(blocks)
+    while pending:
+        block = pending.pop()
+        for op in adapter.operations(block):
+            found.append(op)
+            pending.extend(adapter.nested_blocks(op))
+    return found

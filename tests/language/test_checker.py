@@ -166,9 +166,23 @@ def test_a_quantifier_body_that_runs_on_is_a_warning(write_rules):
     assert rewrite.load_rules(write_rules(parenthesized)).warnings == ()
 
 
+# The lint cannot read conditions: this rule rebuilds the matmul it is
+# anchored on, and fires only while its perm has the last two axes out of
+# order, which the transpose it builds never has (its example fires once).
+KNOWN_WARNINGS = {("move_transpose_swap_into_matmul_y", "it may fire again on its own result")}
+
+
 def test_the_shipped_library_has_no_warnings():
     rule_set = rewrite.load_rules()
-    assert rule_set.warnings == (), [w.render() for w in rule_set.warnings]
+    rules_at = {(r.span.file, r.span.line): r.name for r in rule_set.rules}
+
+    def rule_of(warning):
+        lines = [line for file, line in rules_at if file == warning.span.file and line <= warning.span.line]
+        return rules_at[(warning.span.file, max(lines))] if lines else None
+
+    unexplained = [w for w in rule_set.warnings
+                   if not any(rule_of(w) == name and text in w.message for name, text in KNOWN_WARNINGS)]
+    assert unexplained == [], [w.render() for w in unexplained]
 
 
 def _warnings(write_rules, text, name="test.rules"):

@@ -1,0 +1,208 @@
+"""The fast parser builds exactly lark's AST, spans included, or leaves the text to lark.
+
+`fast_parser` is only a fast path: wherever it takes a text, the AST must be
+the one lark's parser and `_ToAst` build (spans compare too, though AST
+equality ignores them), and it must never take a text lark refuses.
+"""
+
+from __future__ import annotations
+
+import ast as python_ast
+import dataclasses
+import random
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rewrite.language import ast, fast_parser, parser
+from rewrite.language.errors import RuleError, SourceText
+from rewrite.language.fast_parser import Unhandled, parse_fast
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lark_parse(text: str, path: str = "t.rules") -> ast.RuleFile:
+    source = SourceText(path, text)
+    tree = parser.grammar_parser().parse(text)
+    too_deep = parser._too_deep(tree, source)
+    if too_deep is not None:
+        raise RuleError([too_deep])
+    return parser._ToAst(source).transform(tree)
+
+
+def difference(a, b, where="file") -> str | None:
+    """Where two ASTs differ, spans included; None if nowhere."""
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if dataclasses.is_dataclass(a):
+        for field in dataclasses.fields(a):
+            found = difference(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
+            if found:
+                return found
+        return None
+    if isinstance(a, tuple):
+        if len(a) != len(b):
+            return f"{where}: {len(a)} items != {len(b)}"
+        for index, (x, y) in enumerate(zip(a, b)):
+            found = difference(x, y, f"{where}[{index}]")
+            if found:
+                return found
+        return None
+    return None if a == b else f"{where}: {a!r} != {b!r}"
+
+
+def outcome(text: str, path: str = "t.rules") -> str:
+    """'same', 'left to lark' (fast declined, lark took it), 'both refuse', or what went wrong."""
+    try:
+        want = lark_parse(text, path)
+    except Exception as error:  # noqa: BLE001 - any refusal of lark's
+        want = error
+    try:
+        got = parse_fast(text, path, SourceText(path, text).lines)
+    except Unhandled:
+        return "both refuse" if isinstance(want, Exception) else "left to lark"
+    if isinstance(want, Exception):
+        return f"fast took what lark refuses: {want}"
+    return difference(want, got) or "same"
+
+
+def shipped_texts() -> list[tuple[str, str]]:
+    return [(str(p), p.read_text(encoding="utf-8")) for p in sorted((REPO / "rules").rglob("*.rules"))]
+
+
+def test_texts() -> list[str]:
+    """Every string constant in the tests that looks like rules text."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == Path(__file__).name:
+            continue  # its own cases include texts left to lark on purpose
+        try:
+            tree = python_ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        for node in python_ast.walk(tree):
+            if isinstance(node, python_ast.Constant) and isinstance(node.value, str) and "rule " in node.value:
+                found.append(textwrap.dedent(node.value).lstrip("\n"))
+    return found
+
+
+test_texts.__test__ = False  # a helper, not a test
+
+
+@pytest.mark.parametrize(("path", "text"), shipped_texts(), ids=lambda v: Path(v).name if "/" in str(v) else "")
+def test_shipped_rules_parse_the_same(path, text):
+    assert outcome(text, path) == "same"
+
+
+def test_rules_texts_of_the_tests():
+    results = [outcome(text) for text in test_texts()]
+    assert results and set(results) <= {"same", "both refuse"}, [r for r in results if r not in ("same", "both refuse")]
+
+
+EDGE_CASES = [
+    # keywords where lark takes them for names
+    'dialect onnx\nrule r "d"\n  match %e = Expand(input=%x, shape=_)\n  rewrite %e -> %x\n',
+    'dialect mil\nrule in "d"\n  match %a = if(x=%x, in=%y)\n'
+    '  where in == 1 and f(for=1, match=2) > -3\n  rewrite %a -> %x\n',
+    # parentheses: a parent spans them, the child does not
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where ((rank(%x)) + 1) * 2 == (3)\n'
+    '  rewrite %a -> op(x=(%x), y=(1 + 2) * 3)\n',
+    # a where clause over lines, with a comment inside it (kept in its text, as lark's path keeps it)
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where rank(%x) == 1 # one\n'
+    '     and forall i in axes(%x) where i > 0: dim(%x, i) == 1 if true else false\n'
+    '  rewrite %a -> %x\n',
+    # tuples, conditionals, comprehensions, quantifiers, every use, is / is not
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x, y=%y?) in any order\n'
+    '  where every use %u of %a: %u is add(%a, %o) in any order and %o is not %a and not (%x is not mul(_, %z))\n'
+    '  where [i * 2 for i in axes(%x) if i != 0][0] == -1 and [1, 2.5, "s", [true]] != []\n'
+    '  rewrite %a -> %x with y=[d if is_known(d) else -1 for d in shape(%x)]\n'
+    '  example "e"\n    input %x: fp32[B, 3]\n    opset 18\n    %a = op(x=%x, values=(%x, %x,))\n    output %a\n'
+    '  becomes\n    %a = op(x=%x)\n',
+    # CRLF line ends and tabs
+    'dialect mil\r\nrule r "d"\r\n\tmatch %a = op(x=%x)\r\n\twhere 1 == 1\r\n\trewrite %a -> %x\r\n',
+    # refused by both: chained comparison, trailing comma, tuple pattern, bad character
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where 1 < 2 < 3\n  rewrite %a -> %x\n',
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x,)\n  rewrite %a -> %x\n',
+    'dialect mil\nrule r "d"\n  match %a = op(x=(%x, %y))\n  rewrite %a -> %x\n',
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where 1 == 1 ;\n  rewrite %a -> %x\n',
+    # taken by lark only (its lexer splits `is_const` after a complete expression)
+    'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where is_const(%x) is_const(%x)\n  rewrite %a -> %x\n',
+    "",
+    "# only a comment\n",
+]
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_edge_cases(text):
+    assert outcome(text) in ("same", "both refuse", "left to lark")
+
+
+def test_edge_cases_that_must_take_the_fast_path():
+    for text in EDGE_CASES[:6]:
+        assert outcome(text) == "same", text
+
+
+def test_a_long_file_parses_piece_by_piece(monkeypatch):
+    """Tokens are read a piece of lines at a time; pieces change nothing."""
+    text = "\n\n".join(text for _, text in shipped_texts() if "dialect mil" in text)
+    text = "dialect mil\n" + re.sub(r"(?m)^dialect mil\n", "", text)
+    text = re.sub(r"(?m)^import .*\n", "", text)
+    monkeypatch.setattr(fast_parser, "CHUNK_LINES", 7)
+    assert list(fast_parser.chunks(text.split("\n"), 7))[1][0] > 1
+    whole = parse_fast(text, "t.rules", SourceText("t.rules", text).lines)
+    monkeypatch.setattr(fast_parser, "CHUNK_LINES", 10**9)
+    assert difference(whole, parse_fast(text, "t.rules", SourceText("t.rules", text).lines)) is None
+    assert difference(lark_parse(text), whole) is None
+
+
+def test_a_line_starting_with_an_item_word_inside_an_item_is_left_to_lark(monkeypatch):
+    monkeypatch.setattr(fast_parser, "CHUNK_LINES", 2)
+    text = 'dialect mil\nrule r "d"\n  match %a = op(x=%x)\n  where f(1,\nrule) == 1\n  rewrite %a -> %x\n'
+    assert outcome(text) in ("same", "left to lark")
+    assert parser._parse(text, "t.rules").rules[0].conditions[0].text == "f(1, rule) == 1"
+
+
+WORDS = ["not", "forall", "exists", "every", "true", "false", "in", "if", "else", "for", "is", "and", "or",
+         "use", "of", "where", "match", "rewrite", "example", "becomes", "unchanged", "input", "output", "opset",
+         "with", "any", "order", "_", "(", ")", "[", "]", ",", ":", "=", "->", "...", "?", "-", "+", "*", "/",
+         "==", "<", "%z", "x", "1", "1.5", '"s"', "\n", "|", "1e3", "rule", "class"]
+_TOKEN = re.compile(r'%\w+|[0-9]+\.[0-9]*|[0-9]+|\w+|"[^"\n]*"|\.\.\.|->|==|!=|<=|>=|[<>=()\[\],:|+\-*/?]|\s+|#[^\n]*')
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mutated_rules_never_parse_differently(seed):
+    """Rules with a few tokens deleted, inserted, swapped or replaced: never a different AST."""
+    rng = random.Random(seed)
+    seeds = []
+    for _, text in shipped_texts():
+        head, *rules = re.split(r"(?m)^(?=rule )", text)
+        seeds += [head + rule for rule in rules]
+    for _ in range(150):
+        tokens = _TOKEN.findall(rng.choice(seeds))
+        kind = rng.randrange(4)
+        for _ in range(rng.randint(1, 3)):
+            index = rng.randrange(len(tokens))
+            if kind == 0:
+                del tokens[index]
+            elif kind == 1:
+                tokens.insert(index, rng.choice(WORDS) + " ")
+            elif kind == 2 and index + 2 < len(tokens):
+                tokens[index], tokens[index + 2] = tokens[index + 2], tokens[index]
+            else:
+                tokens[index] = rng.choice(WORDS)
+        text = "".join(tokens)
+        assert outcome(text) in ("same", "both refuse", "left to lark"), text
+
+
+def test_loading_the_shipped_library_never_needs_lark(monkeypatch):
+    import rewrite
+
+    monkeypatch.setattr(parser, "_PARSED", {})
+
+    def refuse():
+        raise AssertionError("lark was asked to parse a well-formed file")
+
+    monkeypatch.setattr(parser, "grammar_parser", refuse)
+    assert rewrite.load_rules().rules
