@@ -356,14 +356,14 @@ class OnnxAdapter:
         if where is None:
             return None
         if isinstance(where, slice):
-            return tuple(v for v in op.inputs[where] if v is not None)
+            return _present(op.inputs[where])
         return op.inputs[where] if where < len(op.inputs) else None
 
     def operand_names(self, op: Node) -> Sequence[str]:
         return [name for name in self._input_index(op) if self.operand(op, name) is not None]
 
     def operands(self, op: Node) -> Sequence[Value]:
-        return [v for v in op.inputs if v is not None]
+        return _present(op.inputs)
 
     def outputs(self, op: Node) -> Sequence[Value]:
         return [v for v in op.outputs if v is not None]
@@ -435,7 +435,7 @@ class OnnxAdapter:
         since = _MULTIDIRECTIONAL_SINCE.get(op.type)
         if since is None or self.opset < since:
             return None
-        return tuple(value for value in op.inputs if value is not None)
+        return _present(op.inputs)
 
     def unknown_dim_origin(self, value: Value, axis: int) -> Node | None:
         """The node whose shape inference (`onnx_shapes`) lost dim `axis` of `value`.
@@ -758,6 +758,18 @@ _SHORT = 8
 # A node with more inputs than this gets a position index at its first
 # operand replacement (see `Node.positions`).
 _WIDE = 16
+
+
+def _present(inputs) -> tuple:
+    """The inputs given (an absent optional one is None), as a tuple.
+
+    Asked once or more per anchor of every node a rule looks at, a Sum of
+    10,000 inputs included: `None in` and `tuple` run at C speed, a filter
+    in Python five times slower, and absent inputs are rare.
+    """
+    if None not in inputs:
+        return inputs if type(inputs) is tuple else tuple(inputs)
+    return tuple(value for value in inputs if value is not None)
 
 
 def _live_uses(value: Value) -> list[Node]:
