@@ -682,16 +682,11 @@ class MilAdapter:
         """An int real_div of shape values, where it is exact: a literal quotient, or a dim by
         itself, 1 (the torch frontend's tile reps for an expand). At a size 0 the latter
         divides by zero, which leaves the original no defined value to keep."""
-        if left is None or right is None:
-            return None
-        if len(left) == 1 and len(right) > 1:
-            left = left * len(right)
-        if len(right) == 1 and len(left) > 1:
-            right = right * len(left)
-        if len(left) != len(right):
+        pairs = shape_values.paired(left, right)
+        if pairs is None:
             return None
         quotients = []
-        for a, b in zip(left, right):
+        for a, b in pairs:
             if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
                 quotients.append(a // b)
             elif a == b and a is not UNKNOWN:

@@ -58,7 +58,8 @@ def concatenated(parts: Sequence[ShapeValue | None]) -> ShapeValue | None:
     return result
 
 
-def _paired(left: ShapeValue | None, right: ShapeValue | None):
+def paired(left: ShapeValue | None, right: ShapeValue | None):
+    """Two shape values element by element, a one-element side repeated; None if they cannot pair."""
     if left is None or right is None:
         return None
     if len(left) == 1 and len(right) > 1:
@@ -73,14 +74,14 @@ def _paired(left: ShapeValue | None, right: ShapeValue | None):
 def elementwise(operation: str, left: ShapeValue | None, right: ShapeValue | None) -> ShapeValue | None:
     """`left (+|-|*) right` elementwise, a one-element side broadcast to the other."""
     combine: Callable[[Dim, Dim], Dim] = {"+": dims.add, "-": dims.subtract, "*": dims.multiply}[operation]
-    pairs = _paired(left, right)
+    pairs = paired(left, right)
     return None if pairs is None else [combine(a, b) for a, b in pairs]
 
 
 def equal(left: ShapeValue | None, right: ShapeValue | None) -> list | None:
     """Elementwise `==` as True, False or UNKNOWN. A dim is never negative, so a
     symbol against a negative literal is False (the `expand(-1)` test)."""
-    pairs = _paired(left, right)
+    pairs = paired(left, right)
     if pairs is None:
         return None
     result = []
