@@ -248,7 +248,7 @@ def same_outputs(path: Path, reference) -> str:
 
 
 def run_ours(rules, source: Path, target: Path) -> dict:
-    from rewrite.backends import onnx_files
+    from rewrite.backends.onnx import files as onnx_files
 
     gc.collect()
     start = time.perf_counter()

@@ -192,7 +192,7 @@ def histogram(program) -> Counter:
 def agrees_with_torch(spec: Spec, module, program, flexible: bool) -> bool:
     import torch
 
-    from rewrite.backends.mil_reference import evaluate
+    from rewrite.backends.mil.reference import evaluate
 
     sizes = CHECK_LENGTHS if flexible else ((1,) if spec.family == "vit" else (LENGTH,))
     if flexible and spec.family == "vit":

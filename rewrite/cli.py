@@ -184,7 +184,7 @@ class _Model:
 
                 self.program, self.source = load_mlpackage(self.path)
             else:
-                from rewrite.backends.onnx_files import read_onnx
+                from rewrite.backends.onnx.files import read_onnx
 
                 self.program, self.source = read_onnx(self.path)
         except ModelError as error:
@@ -212,7 +212,7 @@ class _Model:
 
             output.publish(target, lambda path: save_mlpackage(self.program, path, self.source))
             return
-        from rewrite.backends.onnx_files import data_files_of, write_onnx
+        from rewrite.backends.onnx.files import data_files_of, write_onnx
 
         data_name = None
         if self.source.external_data:

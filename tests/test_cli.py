@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rewrite.backends.mil import count_ops, load_mlpackage
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "rmsnorm_symbolic.mlpackage"

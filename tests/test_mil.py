@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rewrite.backends.mil import count_ops, ct, mb
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 from rewrite.mil import GROUPS, build_pass_pipeline
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from rewrite import output
 from rewrite.backends.mil import count_ops, load_mlpackage
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 from tests.model_files import mil_package, onnx_model, onnx_op_count, onnx_outputs, tree_state, write_onnx
 from tests.stopping import run_stopped
 

@@ -62,8 +62,8 @@ def adapter_for(program: Any, *, check_types: bool = False):
         if isinstance(program, Program):
             return MilAdapter(program, check_types=check_types)
     if kind.__name__ == "ModelProto" and kind.__module__.startswith("onnx"):
-        from rewrite.backends import onnx_files
         from rewrite.backends.onnx import OnnxAdapter
+        from rewrite.backends.onnx import files as onnx_files
 
         # A model `read_onnx` loaded leaves its external tensors on disk,
         # beside the file: constants are read from there when asked for.

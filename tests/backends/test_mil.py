@@ -17,7 +17,7 @@ from rewrite.backends.mil import (
     register_graph_pass,
     save_mlpackage,
 )
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 from rewrite.engine.logic import Symbol
 
 TILES = rewrite.load_rules().only("remove_broadcast_tiles")

@@ -7,7 +7,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.mil import count_ops, ct, mb
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 
 WIDEN_SELECT = """
 dialect mil

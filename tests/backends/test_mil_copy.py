@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 
 from rewrite.backends.mil import build_example, copy_program, count_ops, ct, mb, types
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 from rewrite.engine.interfaces import NamedValue
 
 # Run in a fresh interpreter, so that nothing another test module did to the
@@ -26,7 +26,7 @@ _CHAIN_SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np
     from rewrite.backends.mil import copy_program, count_ops, ct, load_mlpackage, mb, save_mlpackage
-    from rewrite.backends.mil_reference import evaluate
+    from rewrite.backends.mil.reference import evaluate
 
     assert sys.getrecursionlimit() == 1000, sys.getrecursionlimit()
     length, path = int(sys.argv[1]), sys.argv[2]

@@ -15,7 +15,6 @@ import pytest
 
 from rewrite.backends.mil import (
     MilError,
-    _input_types,
     count_ops,
     ct,
     load_mlpackage,
@@ -23,7 +22,8 @@ from rewrite.backends.mil import (
     save_mlpackage,
     types,
 )
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.files import input_types_of
+from rewrite.backends.mil.reference import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rmsnorm_symbolic.mlpackage"
@@ -348,11 +348,11 @@ def test_inputs_and_outputs_are_described_as_before(tmp_path, case):
         assert after.mlProgram.functions["main"].inputs == before.mlProgram.functions["main"].inputs
 
 
-def test_a_range_default_reaches_the_input_types(tmp_path):
+def test_a_range_default_reaches_theinput_types_of(tmp_path):
     program, options = _flexible(tmp_path)
     _convert(program, tmp_path / "a.mlpackage", **options)
     loaded, source = load_mlpackage(tmp_path / "a.mlpackage")
-    (tensor,) = _input_types(source.spec, loaded)
+    (tensor,) = input_types_of(source.spec, loaded)
     fixed, flexible = tensor.shape.shape
     assert fixed == 1
     assert (flexible.lower_bound, flexible.upper_bound, flexible.default) == (1, 64, 8)

@@ -17,8 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
-from rewrite.backends import onnx_files, onnx_shapes
 from rewrite.backends.onnx import OnnxAdapter
+from rewrite.backends.onnx import files as onnx_files
+from rewrite.backends.onnx import shapes as onnx_shapes
 
 
 def model_with_weights(width: int = 64, shape_constant: bool = False) -> onnx.ModelProto:

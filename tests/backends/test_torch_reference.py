@@ -4,7 +4,7 @@ Each case is a small torch module, traced and converted with no pass at all
 (`PassPipeline.EMPTY`, so that e.g. a batch_norm is not fused into a conv
 first), checked to contain the op under test, and evaluated: fp32, rtol 1e-3.
 The ops coremltools has no value inference for are computed by the numpy
-kernels of `rewrite.backends.mil_reference.KERNELS`.
+kernels of `rewrite.backends.mil.reference.KERNELS`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from rewrite.backends.mil import count_ops, ct, mb  # noqa: E402
-from rewrite.backends.mil_reference import KERNELS, evaluate  # noqa: E402
+from rewrite.backends.mil.reference import KERNELS, evaluate  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-5
 

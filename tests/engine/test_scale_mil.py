@@ -16,7 +16,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 
 import rewrite
 from rewrite.backends.mil import MilAdapter, ct, mb
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 
 HIDDEN = 8
 BATCHES = (2, 5)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rewrite.backends.mil import Program, ct
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 from rewrite.engine.driver import Statistics
 
 IOS18 = ct.target.iOS18

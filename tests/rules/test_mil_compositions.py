@@ -129,7 +129,7 @@ def test_an_fp16_softmax_with_an_fp32_sum_becomes_one_op(library):
 
     before = op_counts(program)
     feeds = random_feeds({"x": ("b", 8)}, {"x": np.float16})
-    from rewrite.backends.mil_reference import evaluate
+    from rewrite.backends.mil.reference import evaluate
 
     expected = [evaluate(program, feed) for feed in feeds]
     library.apply(program, check_types=True)

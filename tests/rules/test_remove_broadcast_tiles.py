@@ -23,7 +23,7 @@ from mil_cases import (
 )
 
 from rewrite.backends.mil import mb, types
-from rewrite.backends.mil_reference import evaluate
+from rewrite.backends.mil.reference import evaluate
 
 
 def program(*specs):

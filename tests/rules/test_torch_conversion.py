@@ -31,7 +31,7 @@ from torch import nn  # noqa: E402
 import rewrite  # noqa: E402
 from rewrite import cli  # noqa: E402
 from rewrite.backends.mil import count_ops, ct, load_mlpackage  # noqa: E402
-from rewrite.backends.mil_reference import evaluate  # noqa: E402
+from rewrite.backends.mil.reference import evaluate  # noqa: E402
 from rewrite.mil import GROUPS, build_pass_pipeline, register_groups  # noqa: E402
 
 WIDTH = 32

@@ -29,7 +29,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  #
 from torch import nn  # noqa: E402
 
 from rewrite.backends.mil import ct  # noqa: E402
-from rewrite.backends.mil_reference import evaluate  # noqa: E402
+from rewrite.backends.mil.reference import evaluate  # noqa: E402
 from rewrite.mil import GROUPS, build_pass_pipeline  # noqa: E402
 
 WIDTH, HEADS = 32, 4

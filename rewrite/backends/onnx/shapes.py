@@ -30,7 +30,7 @@ from rewrite.engine import shapes as dims
 from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rewrite.backends.onnx import Graph, Node, OnnxAdapter, Value
+    from rewrite.backends.onnx.adapter import Graph, Node, OnnxAdapter, Value
 
 _DTYPE_NAMES = {
     onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.DOUBLE: "fp64",

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from rewrite.backends.mil import Block, Operation, Program, copy_program, mb, types
+from rewrite.backends.mil.copying import copy_program
+from rewrite.backends.mil.pymil import Block, Operation, Program, mb, types
 
 
 class EvaluationError(RuntimeError):

@@ -9,64 +9,41 @@ pymil program that validates and serialises as any other.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import json
-import logging
-import os
-import shutil
-import stat
-import tempfile
-import uuid
 import warnings
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import sympy
 
+from rewrite.backends.mil import shapes as mil_shapes
+from rewrite.backends.mil.pymil import (
+    Block,
+    Function,
+    Operation,
+    Program,
+    SSAOpRegistry,
+    TupleInputType,
+    Var,
+    block_module,
+    count_ops,
+    is_symbolic,
+    mb,
+    types,
+)
 from rewrite.engine import shape_values
-from rewrite.engine.interfaces import InputSpec, ModelError, NamedValue, OpSignature, TypeChangedError
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
+from rewrite.engine.interfaces import InputSpec, OpSignature, TypeChangedError
+from rewrite.engine.logic import UNKNOWN, Symbol
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
 from rewrite.engine.shapes import multiply as dims_multiply
 from rewrite.engine.shapes import subtract as dims_subtract
 
-
-def _import_coremltools():
-    # coremltools logs "Failed to load _MLModelProxy" and friends at import on
-    # Linux; they say nothing useful to a user of this tool.
-    logger = logging.getLogger("coremltools")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        import coremltools
-    finally:
-        logger.setLevel(level)
-    return coremltools
-
-
-ct = _import_coremltools()
-
-from coremltools.converters.mil import Builder as mb  # noqa: E402
-from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var, types  # noqa: E402
-from coremltools.converters.mil.mil import block as _block_module  # noqa: E402
-from coremltools.converters.mil.mil.input_type import TupleInputType  # noqa: E402
-from coremltools.converters.mil.mil.ops.registry import SSAOpRegistry  # noqa: E402
-from coremltools.converters.mil.mil.types.symbolic import is_symbolic  # noqa: E402
-
 DIALECT = "mil"
 
 # Ops whose effect is not (only) their outputs; never removed as dead.
 _SIDE_EFFECT_OPS = frozenset({"coreml_update_state", "write_state"})
-
-
-class MilError(ModelError):
-    """A MIL program or model file could not be read or written; the message names the file."""
 
 
 # ---------------------------------------------------------------- op schema
@@ -153,11 +130,11 @@ def _in_block(block: Block):
     coremltools' non-replaceable-var marks; doing that per rewrite makes a
     run quadratic. `MilAdapter.finish` refreshes them once instead.
     """
-    _block_module.BLOCK_STACK.append(block)
+    block_module.BLOCK_STACK.append(block)
     try:
         yield block
     finally:
-        _block_module.BLOCK_STACK.pop()
+        block_module.BLOCK_STACK.pop()
 
 
 class MilAdapter:
@@ -302,7 +279,7 @@ class MilAdapter:
     def proven_shape(self, value: Var):
         inferred = self.shape(value)
         op = value.op
-        if op is None or op.op_type not in _SHAPE_FOLLOWS:
+        if op is None or op.op_type not in mil_shapes.SHAPE_FOLLOWS:
             return inferred
         if inferred is not None and self._settled(inferred):
             return inferred
@@ -327,7 +304,7 @@ class MilAdapter:
             if cached is not None and cached[0] is value:
                 stack.pop()
                 continue
-            pending = [v for v in _shape_operands(value.op) if self._needs_proof(v)]
+            pending = [v for v in mil_shapes.shape_operands(value.op) if self._needs_proof(v)]
             if pending:
                 stack.extend(pending)
                 continue
@@ -339,7 +316,7 @@ class MilAdapter:
 
     def _needs_proof(self, value: Var) -> bool:
         op = value.op
-        if op is None or op.op_type not in _SHAPE_FOLLOWS:
+        if op is None or op.op_type not in mil_shapes.SHAPE_FOLLOWS:
             return False
         inferred = self.shape(value)
         if inferred is not None and self._settled(inferred):
@@ -359,23 +336,23 @@ class MilAdapter:
         # passes skip it too), so a dim may be a stale fresh symbol; the
         # operands' shapes say what it is.
         kind = op.op_type
-        if kind in _UNARY_ELEMENTWISE:
+        if kind in mil_shapes.UNARY_ELEMENTWISE:
             return self.proven_shape(op.inputs["x"])
-        if kind in _BINARY_BROADCASTING or kind == "select":
-            operands = _shape_operands(op)
+        if kind in mil_shapes.BINARY_BROADCASTING or kind == "select":
+            operands = mil_shapes.shape_operands(op)
             try:
                 return broadcast_shapes(*(self.proven_shape(v) for v in operands))
             except IncompatibleShapes:
                 return None
         if kind == "fill_like":
             return self.proven_shape(op.inputs["ref_tensor"])
-        if kind in _LAYOUT:
+        if kind in mil_shapes.LAYOUT:
             return self._layout_shape(op)
         if kind == "matmul":
             return self._matmul_shape(op)
-        if kind in _SAME_SHAPE:
+        if kind in mil_shapes.SAME_SHAPE:
             return self.proven_shape(op.inputs["x"])
-        if kind in _FRONTEND_SHAPES:
+        if kind in mil_shapes.FRONTEND_SHAPES:
             return self._frontend_shape(op, inferred)
         rank = None if inferred is None else len(inferred)
         shape = self.shape_value(op.inputs["shape"])
@@ -447,7 +424,7 @@ class MilAdapter:
             if start == [0] and step == [1] and end[0] is not UNKNOWN:
                 if isinstance(end[0], int):
                     return (max(end[0], 0),)
-                return (end[0],) if _never_negative(end[0]) else None
+                return (end[0],) if mil_shapes.never_negative(end[0]) else None
             if all(isinstance(v, int) for v in (start[0], end[0], step[0])) and step[0]:
                 return (len(range(start[0], end[0], step[0])),)
             return None
@@ -531,7 +508,7 @@ class MilAdapter:
                 dims.append(UNKNOWN)
             elif start == 0 and stop == d:
                 dims.append(d)
-            elif start == 0 and _never_negative(stop) and self._at_most(stop, d):
+            elif start == 0 and mil_shapes.never_negative(stop) and self._at_most(stop, d):
                 dims.append(stop)  # a prefix no longer than the axis
             elif whole_end and isinstance(start, int) and start >= 0 and self._dim_bounds(d)[0] >= start:
                 dims.append(dims_subtract(d, start))
@@ -546,8 +523,8 @@ class MilAdapter:
             return None
         if any(isinstance(d, int) and (d == 0 or d < -1) for d in shape):
             return None  # 0 copies a dim of x: not followed here
-        numerator = _factors(source)
-        denominator = _factors([d for d in shape if d != -1])
+        numerator = mil_shapes.factors(source)
+        denominator = mil_shapes.factors([d for d in shape if d != -1])
         if numerator is None or denominator is None or denominator[0] == 0:
             return None
         coefficient, symbols = numerator
@@ -624,7 +601,7 @@ class MilAdapter:
         return result
 
     def _compute_shape_value(self, value: Var) -> list | None:
-        if value.dtype not in _SHAPE_DTYPES or value.rank > 1:
+        if value.dtype not in mil_shapes.SHAPE_DTYPES or value.rank > 1:
             return None
         if value.val is not None:
             return [int(v) for v in np.asarray(value.val).reshape(-1)]
@@ -637,7 +614,7 @@ class MilAdapter:
             return shape_values.shape_of(self.proven_shape(inputs["x"]))
         if kind in ("cast", "identity", "reshape", "expand_dims", "squeeze"):
             # A rank-0/1 int tensor keeps its elements in order through these.
-            if kind == "cast" and inputs["dtype"].val not in _SHAPE_DTYPE_NAMES:
+            if kind == "cast" and inputs["dtype"].val not in mil_shapes.SHAPE_DTYPE_NAMES:
                 return None
             return self.shape_value(inputs["x"])
         if kind == "concat":
@@ -651,12 +628,12 @@ class MilAdapter:
             return shape_values.gathered(self.shape_value(inputs["x"]), np.asarray(indices).reshape(-1).tolist())
         if kind == "slice_by_index":
             return self._sliced(op)
-        if kind in _SHAPE_ARITHMETIC:
+        if kind in mil_shapes.SHAPE_ARITHMETIC:
             left, right = self.shape_value(inputs["x"]), self.shape_value(inputs["y"])
             if kind == "sub" and left is not None and right is not None and len(left) == len(right):
                 # a dim less itself is 0 (HF's past length: the sequence read twice, subtracted)
                 return [0 if a == b and a is not UNKNOWN else dims_subtract(a, b) for a, b in zip(left, right)]
-            return shape_values.elementwise(_SHAPE_ARITHMETIC[kind], left, right)
+            return shape_values.elementwise(mil_shapes.SHAPE_ARITHMETIC[kind], left, right)
         if kind == "real_div":
             return self._divided(self.shape_value(inputs["x"]), self.shape_value(inputs["y"]))
         if kind == "select":
@@ -731,7 +708,7 @@ class MilAdapter:
     def broadcast_operands(self, op: Operation) -> list[Var] | None:
         """The operands an elementwise op (or select) broadcasts together into its output."""
         kind = op.op_type
-        if kind in _BINARY_BROADCASTING:
+        if kind in mil_shapes.BINARY_BROADCASTING:
             return [op.inputs["x"], op.inputs["y"]]
         if kind == "select":
             return [op.inputs["cond"], op.inputs["a"], op.inputs["b"]]
@@ -815,11 +792,11 @@ class MilAdapter:
             if not (flat == flat[0]).all():
                 return None
             narrow = constant.size == 1 and constant.ndim <= len(scaled.shape)
-            if not narrow and not _provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
+            if not narrow and not mil_shapes.provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
                 return None
             return float(flat[0])
         filled = self.fill_value(factor)
-        if filled is None or not _provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
+        if filled is None or not mil_shapes.provably_same_shape(self.proven_shape(factor), self.proven_shape(scaled)):
             return None
         return float(filled)
 
@@ -856,7 +833,7 @@ class MilAdapter:
         builder = getattr(mb, op_type)
         self._changed = True
         self._has_constexpr = self._has_constexpr or op_type.startswith("constexpr_")
-        arguments = {k: _operand(v) for k, v in operands.items() if v is not None}
+        arguments = {k: mil_shapes.as_mil_constant(v) for k, v in operands.items() if v is not None}
         previous = _op_before(block, before)
         with _in_block(block):
             result = builder(**arguments, before_op=before, name=self._unique_name(name))
@@ -924,10 +901,11 @@ class MilAdapter:
                 op.type_value_inference(overwrite_output=True)
             after = [(self.dtype(v), self.shape(v)) for v in op.outputs]
             for (old_dtype, old_shape), (new_dtype, new_shape), var in zip(before, after, op.outputs):
-                if old_dtype != new_dtype or not _same_known_dims(old_shape, new_shape):
+                if old_dtype != new_dtype or not mil_shapes.same_known_dims(old_shape, new_shape):
                     raise TypeChangedError(
                         f"op '{op.name}' output '{var.name}' changed from "
-                        f"{_describe(old_dtype, old_shape)} to {_describe(new_dtype, new_shape)}"
+                        f"{mil_shapes.describe_type(old_dtype, old_shape)} to "
+                        f"{mil_shapes.describe_type(new_dtype, new_shape)}"
                     )
 
     def replace_operand(self, op: Operation, old: Var, new: Var) -> None:
@@ -1048,863 +1026,3 @@ def _inherit_scopes(ops: Sequence[Operation], source: Operation, rule: str | Non
 
 
 # Ops whose output shape follows from their operands' shapes or values.
-_UNARY_ELEMENTWISE = frozenset(
-    "abs acos asin atan atanh ceil clip cos cosh erf exp exp2 floor inverse log logical_not relu relu6 round "
-    "rsqrt sigmoid sigmoid_hard sign silu sin sinh softplus softsign sqrt square tan tanh threshold gelu "
-    "elu leaky_relu linear_activation scaled_tanh softmax cast identity".split()
-)
-_BINARY_BROADCASTING = frozenset(
-    "add sub mul real_div pow maximum minimum floor_div mod equal not_equal less less_equal greater "
-    "greater_equal logical_and logical_or logical_xor".split()
-)
-_REDUCTIONS = frozenset(
-    "reduce_sum reduce_mean reduce_max reduce_min reduce_prod reduce_l1_norm reduce_l2_norm reduce_log_sum "
-    "reduce_log_sum_exp reduce_sum_square".split()
-)
-_LAYOUT = _REDUCTIONS | {"expand_dims", "squeeze", "tile", "transpose"}
-# Ops whose output has x's shape.
-_SAME_SHAPE = frozenset({"layer_norm", "batch_norm", "instance_norm", "l2_norm", "local_response_norm", "band_part"})
-# Ops the torch frontend puts on a flexible sequence's way (see MilAdapter._frontend_shape).
-_FRONTEND_SHAPES = frozenset(
-    {"linear", "scaled_dot_product_attention", "split", "gather", "concat", "range_1d", "slice_by_index"}
-)
-_SHAPE_FOLLOWS = (
-    _UNARY_ELEMENTWISE | _BINARY_BROADCASTING | _LAYOUT | _SAME_SHAPE | _FRONTEND_SHAPES
-    | {"select", "fill", "fill_like", "reshape", "matmul"}
-)
-
-
-def _shape_operands(op: Operation) -> list:
-    """The operands whose shapes an op's output shape follows from."""
-    kind = op.op_type
-    inputs = op.inputs
-    if kind in _UNARY_ELEMENTWISE:
-        return [inputs["x"]]
-    if kind in _BINARY_BROADCASTING or kind == "select":
-        return [inputs[name] for name in ("cond", "a", "b", "x", "y") if name in inputs]
-    if kind == "fill_like":
-        return [inputs["ref_tensor"]]
-    if kind in _LAYOUT:
-        return [inputs["x"]]
-    if kind == "matmul":
-        return [inputs["x"], inputs["y"]]
-    if kind in _SAME_SHAPE or kind in ("linear", "split", "slice_by_index"):
-        return [inputs["x"]]
-    if kind == "reshape":
-        return [inputs["x"]]
-    if kind == "gather":
-        return [inputs["x"], inputs["indices"]]
-    if kind == "concat":
-        return list(inputs["values"])
-    if kind == "scaled_dot_product_attention":
-        return [inputs["query"], inputs["value"]]
-    return []
-
-
-def _never_negative(dim) -> bool:
-    """A literal >= 0, or a symbol for a size or a sum or product of sizes (not a difference)."""
-    if isinstance(dim, int):
-        return dim >= 0
-    return isinstance(dim, Symbol) and "-" not in dim.name
-
-
-def _factors(dims) -> tuple[int, Counter] | None:
-    """A product of dims as (literal coefficient, symbols with their powers); None if a dim is unknown."""
-    coefficient, symbols = 1, Counter()
-    for d in dims:
-        if isinstance(d, int):
-            coefficient *= d
-        elif isinstance(d, Symbol):
-            symbols[d] += 1
-        else:
-            return None
-    return coefficient, symbols
-_SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
-_SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
-_SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}
-
-
-def _provably_same_shape(left, right) -> bool:
-    if left is None or right is None or len(left) != len(right):
-        return False
-    return all(equal(a, b) is Truth.YES for a, b in zip(left, right))
-
-
-def _same_known_dims(left, right) -> bool:
-    if left is None or right is None:
-        return left is right
-    if len(left) != len(right):
-        return False
-    return all(not (isinstance(a, int) and isinstance(b, int)) or a == b for a, b in zip(left, right))
-
-
-def _describe(dtype, shape) -> str:
-    dims = "?" if shape is None else ", ".join(str(d) for d in shape)
-    return f"{dtype}({dims})"
-
-
-def _operand(value):
-    if isinstance(value, list):
-        array = np.asarray(value)
-        if array.dtype == np.int64:
-            array = array.astype(np.int32)
-        elif array.dtype == np.float64:
-            array = array.astype(np.float32)
-        return array
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return np.int32(value)
-    if isinstance(value, float):
-        return np.float32(value)
-    return value
-
-
-# ---------------------------------------------------------------- files
-
-_MANIFEST = "Manifest.json"
-_WEIGHTS = "weights"  # beside the root model file, where "@model_path/weights/..." points
-
-
-@dataclass(frozen=True, eq=False)
-class MilSource:
-    """Where a loaded program came from: what `save_mlpackage` keeps of it.
-
-    `path` is the `.mlpackage` folder or `.mlmodel` file (absolute, as given:
-    symlinks not resolved). `spec` is its model specification (`Model_pb2.Model`).
-    `files` lists every file inside it (absolute, under `path`; folders not
-    listed, a symlink listed as itself), so that a caller can make sure an
-    output never overwrites one of them. `manifest` holds Manifest.json's bytes
-    as read and `root_model` the root model file's path relative to `Data/`
-    (both None for an `.mlmodel`).
-    """
-
-    path: Path
-    spec: Any
-    files: tuple[Path, ...]
-    manifest: bytes | None = None
-    root_model: str | None = None
-
-    @property
-    def package(self) -> bool:
-        """Whether the source is an `.mlpackage` (rather than an `.mlmodel` file)."""
-        return self.manifest is not None
-
-
-@dataclass(frozen=True)
-class _Package:
-    """An `.mlpackage` read without changing a byte of it."""
-
-    root: Path
-    manifest: bytes
-    entries: dict
-    root_model: PurePosixPath  # relative to Data/
-    files: tuple[Path, ...]
-    folders: tuple[Path, ...]
-
-    @property
-    def model_file(self) -> Path:
-        return self.root / "Data" / self.root_model
-
-    @property
-    def weights_dir(self) -> Path:
-        return self.model_file.parent / _WEIGHTS
-
-
-def load_mlpackage(path: str | os.PathLike) -> tuple[Program, MilSource]:
-    """Read an `.mlpackage` (or an `.mlmodel` file) into a pymil Program, strictly read-only.
-
-    Returns the program and a `MilSource` to pass to `save_mlpackage`, which
-    keeps the deployment target, input shapes, model description and the
-    package's other contents. Nothing of the input is written, not even
-    Manifest.json (coremltools' ModelPackage rewrites it on opening, so it is
-    not used). A missing or malformed model, a Manifest path or a symlink
-    leading out of the package, raise `MilError` with a one-line message
-    naming the file.
-    """
-    path = Path(path).absolute()
-    if not path.exists():
-        raise MilError(f"{path}: no such file or directory")
-    if path.is_dir():
-        package = _read_package(path)
-        model_file, weights_dir, files = package.model_file, str(package.weights_dir), package.files
-        manifest, root_model = package.manifest, str(package.root_model)
-    else:
-        model_file, weights_dir, files, manifest, root_model = path, "", (path,), None, None
-    spec = _read_spec(model_file)
-    from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
-
-    try:
-        program = milproto_load(spec, spec.specificationVersion, file_weights_dir=weights_dir)
-    except Exception as error:
-        raise MilError(f"{model_file}: could not read its MIL program ({_first_line(error)})") from None
-    _share_weights_across_functions(program, spec)
-    return program, MilSource(path, spec, files, manifest, root_model)
-
-
-def _share_weights_across_functions(program: Program, spec) -> None:
-    """Mark consts that read one stored weight in several functions, as
-    coremltools' save_multifunction does, so that saving writes it once.
-
-    The milproto frontend gives each function its own const; a
-    multifunction model (say, adapters over one base model) would otherwise
-    come out with its shared weights once per function.
-    """
-    if len(spec.mlProgram.functions) < 2:
-        return
-    readers: dict[tuple, list[tuple[str, str]]] = {}
-    for function_name, function in spec.mlProgram.functions.items():
-        pending = list(function.block_specializations.values())
-        while pending:
-            for op in pending.pop().operations:
-                pending.extend(op.blocks)
-                value = op.attributes["val"] if op.type == "const" and "val" in op.attributes else None
-                if value is not None and value.WhichOneof("value") == "blobFileValue" and op.outputs:
-                    blob = (value.blobFileValue.fileName, value.blobFileValue.offset)
-                    readers.setdefault(blob, []).append((function_name, op.outputs[0].name))
-    shared = {
-        reader: f"{name}:{offset}"
-        for (name, offset), found in readers.items() if len({f for f, _ in found}) > 1
-        for reader in found
-    }
-    if not shared:
-        return
-    for function_name, function in program.functions.items():
-        pending = [function]
-        while pending:
-            for op in pending.pop().operations:
-                pending.extend(op.blocks)
-                weight = shared.get((function_name, op.outputs[0].name)) if op.op_type == "const" else None
-                if weight is not None and op.weight_id is None:
-                    op.weight_id = weight
-
-
-def _read_package(root: Path) -> _Package:
-    files, folders = _package_tree(root)
-    manifest_file = root / _MANIFEST
-    try:
-        data = manifest_file.read_bytes()
-    except FileNotFoundError:
-        raise MilError(f"{manifest_file}: no such file (not a Core ML model package)") from None
-    except OSError as error:
-        raise MilError(f"{manifest_file}: not a Core ML model package ({error.strerror})") from None
-    try:
-        manifest = json.loads(data)
-    except ValueError as error:  # also UnicodeDecodeError
-        raise MilError(f"{manifest_file}: not a Core ML model package (invalid JSON: {error})") from None
-    entries = manifest.get("itemInfoEntries") if isinstance(manifest, dict) else None
-    identifier = manifest.get("rootModelIdentifier") if isinstance(manifest, dict) else None
-    entry = entries.get(identifier) if isinstance(entries, dict) and isinstance(identifier, str) else None
-    relative = entry.get("path") if isinstance(entry, dict) else None
-    if not isinstance(relative, str) or not PurePosixPath(relative).parts:
-        raise MilError(f"{manifest_file}: not a Core ML model package (no root model entry)")
-    root_model = PurePosixPath(relative)
-    if root_model.is_absolute() or ".." in root_model.parts or "\\" in relative or "\0" in relative:
-        raise MilError(f"{manifest_file}: the root model path '{relative}' leads out of the package")
-    return _Package(root, data, entries, root_model, files, folders)
-
-
-def _package_tree(root: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
-    """Every file and folder under `root`, refusing what could read outside it."""
-    inside = root.resolve()
-    files, folders = [], []
-
-    def fail(error: OSError):
-        raise MilError(f"{error.filename}: cannot read it ({error.strerror})")
-
-    for folder, subfolders, names in os.walk(root, onerror=fail):
-        for name in sorted(subfolders + names):
-            entry = Path(folder) / name
-            try:
-                mode = entry.lstat().st_mode
-            except OSError as error:
-                fail(error)
-            if stat.S_ISLNK(mode):
-                try:
-                    target = entry.resolve(strict=True)
-                except (OSError, RuntimeError):
-                    raise MilError(f"{entry}: a symbolic link that leads nowhere") from None
-                if not target.is_relative_to(inside):
-                    raise MilError(f"{entry}: a symbolic link out of the package (to {target})")
-                files.append(entry)
-            elif stat.S_ISDIR(mode):
-                folders.append(entry)
-            elif stat.S_ISREG(mode):
-                files.append(entry)
-            else:
-                raise MilError(f"{entry}: not a regular file")
-    return tuple(files), tuple(folders)
-
-
-def _read_spec(model_file: Path):
-    try:
-        data = model_file.read_bytes()
-    except FileNotFoundError:
-        raise MilError(f"{model_file}: no such file (the package's root model)") from None
-    except OSError as error:
-        raise MilError(f"{model_file}: cannot read it ({error.strerror})") from None
-    spec = ct.proto.Model_pb2.Model()
-    try:
-        spec.ParseFromString(data)
-    except Exception:
-        raise MilError(f"{model_file}: not a Core ML model (corrupt model specification)") from None
-    kind = spec.WhichOneof("Type")
-    if kind != "mlProgram":
-        what = f"it is a {kind} model" if kind else "no model type in it"
-        raise MilError(f"{model_file}: not an ML program ({what})")
-    return spec
-
-
-def save_mlpackage(program: Program, path: str | os.PathLike, source: MilSource | None = None) -> None:
-    """Write `program` as a complete `.mlpackage` at `path`, which must not exist yet.
-
-    Runs none of coremltools' graph passes. With `source` (from
-    `load_mlpackage`) the output is the source package with its model
-    replaced: the deployment target, the input shapes (ranges with their
-    defaults, enumerated shapes), all of the model description the program
-    does not determine (metadata, feature descriptions, input and output
-    types such as images) and every other item of the package (other
-    Manifest entries and their files, custom Manifest keys) are kept, and
-    Manifest.json stays byte-identical unless a weights entry has to be
-    added. The source is only read.
-
-    `program` may be modified: coremltools' backend passes (which e.g. fuse
-    x * sigmoid(x) into silu and sanitise names) run on it in place. To keep
-    it, save a `copy_program` of it (not a `copy.deepcopy`, which recurses
-    along the use-def chain and fails past ~70-300 ops in a row).
-
-    A `path` ending in `.mlmodel` gets a bare model file, which only a
-    program without weight files fits in. Folders are created with mode
-    0o777 and files with 0o666, less the umask. Anything that goes wrong
-    raises `MilError` and leaves nothing at `path`.
-    """
-    path = Path(path).absolute()
-    if os.path.lexists(path):
-        raise MilError(f"{path}: already exists")
-    spec = source.spec if source is not None else None
-    _silence_pass_progress()
-    if spec is not None:
-        try:
-            target = ct.target(spec.specificationVersion)
-        except ValueError:
-            raise MilError(f"{source.path}: specification version {spec.specificationVersion} "
-                           f"is unknown to coremltools {ct.__version__}") from None
-        inputs = _input_types(spec, program)
-        if spec.description.functions:
-            # coremltools writes a multifunction model only when told to, and
-            # takes input types for "main" alone; the function descriptions
-            # are carried over after conversion.
-            program.default_function_name = spec.description.defaultFunctionName
-            program.export_as_multifunction = True
-            inputs = None
-    else:
-        target = max((f.opset_version for f in program.functions.values()), default=None)
-        inputs = _default_input_types(program)
-    # Beside `path`, so that the weights move into place by a rename.
-    try:
-        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    except OSError as error:
-        raise MilError(f"{path}: cannot write there ({error.strerror})") from None
-    try:
-        converted = scratch / "converted.mlpackage"
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = ct.convert(
-                    program,
-                    convert_to="mlprogram",
-                    pass_pipeline=ct.PassPipeline.EMPTY,
-                    minimum_deployment_target=target,
-                    inputs=inputs,
-                    skip_model_load=True,
-                    package_dir=str(converted),
-                )
-        except Exception as error:
-            raise MilError(f"{path}: could not convert the program ({_first_line(error)})") from None
-        built = _read_package(converted)
-        # Not the package's model file: coremltools adds its build metadata
-        # to the spec in memory only, after writing the package.
-        new_spec = model.get_spec()
-        if spec is not None:
-            _keep_description(new_spec, spec)
-        if path.suffix == ".mlmodel":
-            _write_model_file(path, new_spec, built.weights_dir)
-        else:
-            template = _read_package(source.path) if source is not None and source.package else built
-            _write_package(path, template, new_spec, built.weights_dir)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _write_model_file(path: Path, spec, weights_dir: Path) -> None:
-    if weights_dir.is_dir() and any(weights_dir.iterdir()):
-        raise MilError(f"{path}: a program with weight files can only be saved as an .mlpackage")
-    try:
-        file = open(path, "xb")
-    except OSError as error:
-        raise MilError(f"{path}: could not write it ({error})") from None
-    try:
-        with file:
-            file.write(spec.SerializeToString())
-    except BaseException as error:
-        path.unlink()
-        if isinstance(error, OSError):
-            raise MilError(f"{path}: could not write it ({error})") from None
-        raise
-
-
-def _write_package(path: Path, template: _Package, spec, weights_dir: Path) -> None:
-    """`template`'s tree with its root model file and weights folder replaced."""
-    data = Path("Data")
-    model_file = data / template.root_model
-    weights = model_file.parent / _WEIGHTS
-    has_weights = weights_dir.is_dir() and any(p.is_file() for p in weights_dir.rglob("*"))
-    listed = any(
-        isinstance(entry, dict) and isinstance(entry.get("path"), str)
-        and PurePosixPath(entry["path"]) == PurePosixPath(weights.relative_to(data))
-        for entry in template.entries.values()
-    )
-    try:
-        os.mkdir(path)
-    except OSError as error:
-        raise MilError(f"{path}: could not write the package ({error})") from None
-    try:
-        # What mkdir made of 0o777 is 0o777 less the umask (asking the umask
-        # itself means setting it, which races with other threads).
-        folder_mode = stat.S_IMODE(path.stat().st_mode)
-        for folder in template.folders:
-            relative = folder.relative_to(template.root)
-            if not relative.is_relative_to(weights):
-                (path / relative).mkdir(parents=True, exist_ok=True)
-        for file in template.files:
-            relative = file.relative_to(template.root)
-            if relative in (Path(_MANIFEST), model_file) or relative.is_relative_to(weights):
-                continue
-            (path / relative).parent.mkdir(parents=True, exist_ok=True)
-            if file.is_dir():  # a symlink to a folder inside the package: copy what it holds
-                shutil.copytree(file, path / relative)
-            else:
-                shutil.copyfile(file, path / relative)
-        manifest = template.manifest
-        if has_weights and not listed:
-            manifest = _manifest_with_weights(manifest, weights.relative_to(data))
-        (path / _MANIFEST).write_bytes(manifest)
-        (path / model_file).parent.mkdir(parents=True, exist_ok=True)
-        (path / model_file).write_bytes(spec.SerializeToString())
-        if has_weights or listed:
-            if weights_dir.is_dir():
-                os.replace(weights_dir, path / weights)
-            else:
-                (path / weights).mkdir()
-        # coremltools makes its folders with mkdtemp (0o700) and copies modes
-        # along; the output should look like any other folder the user makes.
-        for folder, _, names in os.walk(path):
-            os.chmod(folder, folder_mode)
-            for name in names:
-                if not os.path.islink(os.path.join(folder, name)):
-                    os.chmod(os.path.join(folder, name), folder_mode & 0o666)
-    except BaseException as error:
-        shutil.rmtree(path, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise MilError(f"{path}: could not write the package ({error})") from None
-        raise
-
-
-def _manifest_with_weights(manifest: bytes, weights: PurePosixPath) -> bytes:
-    document = json.loads(manifest)
-    document["itemInfoEntries"][str(uuid.uuid4())] = {
-        "author": "com.apple.CoreML",
-        "description": "CoreML Model Weights",
-        "name": _WEIGHTS,
-        "path": weights.as_posix(),
-    }
-    return (json.dumps(document, indent=4) + "\n").encode()
-
-
-def _keep_description(new, old) -> None:
-    """Carry over into `new` what of `old`'s description the program does not determine."""
-    description, original = new.description, old.description
-    # coremltools' own keys (version, source "milinternal", date) describe
-    # this save, not the model: the original's say where the model came from.
-    if original.HasField("metadata"):
-        description.metadata.CopyFrom(original.metadata)
-    else:
-        description.ClearField("metadata")
-    _keep_interface(description, original)
-    functions = {function.name: function for function in original.functions}
-    for function in description.functions:
-        if function.name in functions:
-            _keep_interface(function, functions[function.name])
-    # The program's functions come in the order of a protobuf map, which is none.
-    order = {name: index for index, name in enumerate(functions)}
-    ordered = sorted(description.functions, key=lambda f: order.get(f.name, len(order)))
-    if [f.name for f in ordered] != [f.name for f in description.functions]:
-        ordered = [type(f).FromString(f.SerializeToString()) for f in ordered]  # copies: clearing frees them
-        del description.functions[:]
-        description.functions.extend(ordered)
-    if original.defaultFunctionName in {f.name for f in description.functions}:
-        description.defaultFunctionName = original.defaultFunctionName
-    if not description.trainingInput:
-        description.trainingInput.extend(original.trainingInput)
-
-
-def _keep_interface(new, old) -> None:
-    """Feature descriptions (a ModelDescription's or FunctionDescription's) matched by name."""
-    for field in ("input", "output", "state"):
-        originals = {feature.name: feature for feature in getattr(old, field)}
-        for feature in getattr(new, field):
-            original = originals.get(feature.name)
-            if original is None:
-                continue
-            feature.shortDescription = original.shortDescription
-            # The program sees tensors only: what the description says beyond
-            # that (an image, shape ranges and their defaults, optional inputs'
-            # default values) is not in it to be derived again.
-            if _fits(feature.type, original.type):
-                feature.type.CopyFrom(original.type)
-    outputs = {feature.name for feature in new.output}
-    for field in ("predictedFeatureName", "predictedProbabilitiesName"):
-        if getattr(old, field) in outputs and not getattr(new, field):
-            setattr(new, field, getattr(old, field))
-
-
-def _fits(new, old) -> bool:
-    """Whether feature type `old` describes the same program value as `new` does."""
-    kind, original_kind = new.WhichOneof("Type"), old.WhichOneof("Type")
-    if original_kind == "imageType" and kind == "multiArrayType":
-        array = new.multiArrayType
-        return array.dataType in (array.FLOAT32, array.FLOAT16) and len(_array_ranges(array)) in (0, 4)
-    if kind != original_kind:
-        return False
-    if kind == "stateType":
-        new, old, kind = new.stateType, old.stateType, "arrayType"
-    if kind not in ("multiArrayType", "arrayType"):
-        return True
-    new_array, old_array = getattr(new, kind), getattr(old, kind)
-    if new_array.dataType != old_array.dataType:
-        return False
-    new_ranges, old_ranges = _array_ranges(new_array), _array_ranges(old_array)
-    if not new_ranges or not old_ranges:
-        return True
-    return len(new_ranges) == len(old_ranges) and all(
-        low != high or (old_low <= low and (old_high < 0 or low <= old_high))
-        for (low, high), (old_low, old_high) in zip(new_ranges, old_ranges)
-    )
-
-
-def _array_ranges(array) -> list[tuple[int, int]]:
-    """(lower, upper) per axis of an ArrayFeatureType; upper -1 is unbounded."""
-    if array.shapeRange.sizeRanges:
-        return [(int(r.lowerBound), int(r.upperBound)) for r in array.shapeRange.sizeRanges]
-    if array.enumeratedShapes.shapes:
-        shapes = [tuple(s.shape) for s in array.enumeratedShapes.shapes]
-        return [(int(min(axis)), int(max(axis))) for axis in zip(*shapes)]
-    return [(int(d), int(d)) for d in array.shape]
-
-
-# Core ML needs a finite upper bound for a flexible dim; without a model spec
-# to copy bounds from, a symbolic dim may take any size up to this.
-DEFAULT_UPPER_BOUND = 65536
-
-
-def _default_input_types(program: Program):
-    function = program.functions.get("main")
-    if function is None or len(program.functions) != 1:
-        return None
-    inputs = []
-    for name, var in function.inputs.items():
-        if not types.is_tensor(var.sym_type):
-            return None
-        inputs.append(_tensor_type(name, var))
-    return inputs
-
-
-def _tensor_type(name: str, var):
-    dims = tuple(ct.RangeDim(1, DEFAULT_UPPER_BOUND) if is_symbolic(d) else int(d) for d in var.shape)
-    return ct.TensorType(name=name, shape=ct.Shape(dims))
-
-
-def _silence_pass_progress() -> None:
-    # ct.convert draws a tqdm bar per pass pipeline, even for the empty one;
-    # a save is not a step the user asked to watch.
-    from coremltools.converters.mil.mil.passes import pass_pipeline
-
-    pass_pipeline.tqdm = lambda iterable, *args, **kwargs: iterable
-
-
-def _input_types(spec, program: Program):
-    """ct.TensorType inputs that reproduce the spec's (possibly flexible) input shapes."""
-    function = program.functions.get("main")
-    inputs = []
-    for feature in spec.description.input:
-        if feature.type.WhichOneof("Type") == "multiArrayType":
-            inputs.append(ct.TensorType(name=feature.name, shape=_array_shape(feature.type.multiArrayType)))
-            continue
-        # An image is a tensor to the program; the description says "image"
-        # again once the original feature type is copied over.
-        var = function.inputs.get(feature.name) if function is not None else None
-        if var is None or not types.is_tensor(var.sym_type):
-            return None  # let coremltools derive them all from the program
-        inputs.append(_tensor_type(feature.name, var))
-    return inputs
-
-
-def _array_shape(array):
-    default = [int(d) for d in array.shape]
-    ranges = array.shapeRange.sizeRanges
-    if ranges:
-        if len(default) != len(ranges):
-            default = [int(size.lowerBound) for size in ranges]
-        dims = []
-        for size, value in zip(ranges, default):
-            if size.lowerBound == size.upperBound:
-                dims.append(int(size.lowerBound))
-            else:
-                upper = int(size.upperBound) if size.upperBound > 0 else -1
-                dims.append(ct.RangeDim(int(size.lowerBound), upper, default=value))
-        return ct.Shape(tuple(dims))
-    if array.enumeratedShapes.shapes:
-        return ct.EnumeratedShapes([tuple(s.shape) for s in array.enumeratedShapes.shapes], default=tuple(default))
-    return tuple(default)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-def count_ops(program: Program, op_type: str | None = None) -> int:
-    """The number of ops (of `op_type`, if given) in every block of `program`."""
-
-    def count(block: Block) -> int:
-        total = 0
-        for op in block.operations:
-            if op_type is None or op.op_type == op_type:
-                total += 1
-            for nested in op.blocks:
-                total += count(nested)
-        return total
-
-    return sum(count(f) for f in program.functions.values())
-
-
-def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
-    """Register a `RuleSet` as a coremltools graph pass named `name`.
-
-    `name` is "namespace::pass_name" (e.g. "common::remove_broadcast_tiles");
-    the pass can then be inserted into a `ct.PassPipeline` like any other:
-
-        register_graph_pass(rewrite.load_rules("tiles.rules"), "common::remove_broadcast_tiles")
-        pipeline = ct.PassPipeline.DEFAULT
-        pipeline.insert_pass(0, "common::remove_broadcast_tiles")
-    """
-    from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
-    from coremltools.converters.mil.mil.passes.pass_registry import register_pass
-
-    namespace, separator, pass_name = name.partition("::")
-    if not separator or not namespace or not pass_name.isidentifier():
-        raise ValueError(f"pass name {name!r} must look like 'namespace::pass_name'")
-
-    class RuleSetPass(AbstractGraphPass):
-        __doc__ = f"The rules {', '.join(r.name for r in rules.rules)} as a graph pass."
-        rule_set = rules
-        last_statistics = None
-
-        def apply(self, program):
-            type(self).last_statistics = self.rule_set.apply(program)
-
-    RuleSetPass.__name__ = pass_name
-    RuleSetPass.__qualname__ = pass_name
-    register_pass(namespace=namespace, override=override)(RuleSetPass)
-    return name
-
-
-# ---------------------------------------------------------------- examples
-
-
-def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: str | None = None) -> Program:
-    """A program from a rule example: `inputs` are (name, dtype, dims) with
-    named dims symbolic, `ops` are (name, op type, operands), operands being
-    `NamedValue`s or constants; `outputs` are names.
-
-    With `nested_by` (an fp32[1] input), the ops go into both branches of a
-    `cond` on that input being positive, so they live in nested blocks.
-    `opset` names the deployment target (`iOS15` to `iOS18`, the default).
-    """
-    from coremltools.converters.mil.mil import Function, get_new_symbol
-
-    symbols: dict[str, Any] = {}
-
-    def dim(d):
-        return symbols.setdefault(d, get_new_symbol()) if isinstance(d, str) else int(d)
-
-    placeholders = {
-        name: mb.placeholder(shape=tuple(dim(d) for d in dims), dtype=types.string_to_builtin(dtype))
-        for name, dtype, dims in inputs
-    }
-    program = Program()
-    target = getattr(ct.target, opset or "iOS18", None)
-    if target is None or not str(opset or "iOS18").startswith("iOS"):
-        raise MilError(f"unknown deployment target '{opset}' (iOS15 to iOS18)")
-    with Function(placeholders, opset_version=target) as function:
-        inputs_by_name = {name: function.inputs[name] for name in placeholders}
-
-        def body(suffix: str = ""):
-            values = dict(inputs_by_name)
-            for name, op_type, operands in ops:
-                def resolve(value):
-                    if isinstance(value, NamedValue):
-                        return values[value.name]
-                    if isinstance(value, tuple):  # a variadic operand: `values=(%a, %b)`
-                        return tuple(resolve(item) for item in value)
-                    return _operand(value)
-
-                arguments = {key: resolve(value) for key, value in operands.items()}
-                result = getattr(mb, op_type)(**arguments, name=name + suffix)
-                values[name] = result[0] if isinstance(result, (list, tuple)) else result
-            return tuple(values[name] for name in outputs)
-
-        if nested_by is None:
-            results = body()
-        else:
-            predicate = mb.squeeze(x=mb.greater(x=inputs_by_name[nested_by], y=np.float32(0)))
-            results = mb.cond(pred=predicate, _true_fn=lambda: body("_then"), _false_fn=lambda: body("_else"))
-            results = tuple(results) if isinstance(results, (list, tuple)) else (results,)
-        function.set_outputs(list(results))
-    program.add_function("main", function)
-    return program
-
-
-def copy_program(program: Program) -> Program:
-    """An independent copy of `program`, as `copy.deepcopy` makes it, at any length.
-
-    `copy.deepcopy` follows a var to its consumers and on, one Python frame per
-    op, and fails past ~70-300 ops in a row. Here every graph object (program,
-    functions and nested blocks, ops, vars, their op lists) is first found by
-    an explicit walk and given an empty twin; then each object's fields are
-    deep-copied with all twins already known, so that copying never goes
-    further than one object's own fields (types, values, scopes).
-    """
-    return _copy_graph(program)
-
-
-def _graph_classes() -> tuple[type, ...]:
-    from coremltools.converters.mil.mil.program import Placeholder
-    from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList, OpNode
-
-    return (Program, Block, Operation, Var, OpNode, CacheDoublyLinkedList, Placeholder)
-
-
-@functools.cache
-def _slot_names(cls: type) -> tuple[str, ...]:
-    return tuple(
-        name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ())
-        if name not in ("__dict__", "__weakref__")
-    )
-
-
-_UNSET = object()
-
-
-def _fields(obj) -> list[tuple[str, bool, Any]]:
-    """(name, is a slot, value) of every field `obj` has set."""
-    fields = []
-    for name in _slot_names(type(obj)):
-        value = getattr(obj, name, _UNSET)
-        if value is not _UNSET:
-            fields.append((name, True, value))
-    state = getattr(obj, "__dict__", None)
-    if state is not None:
-        fields.extend((name, False, value) for name, value in state.items())
-    return fields
-
-
-def _copy_graph(root):
-    from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
-
-    graph_classes = _graph_classes()
-    containers = (list, tuple, set, frozenset, dict)
-    found: dict[int, Any] = {}
-    pending = [root]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, containers):
-            pending.extend(item)
-        elif isinstance(item, graph_classes) and not isinstance(item, type) and id(item) not in found:
-            found[id(item)] = item
-            pending.extend(value for _, _, value in _fields(item))
-    # The shared end-of-list sentinel is compared by identity: it stays itself.
-    sentinel = CacheDoublyLinkedList.INVALID_NODE
-    memo: dict[int, Any] = {id(sentinel): sentinel}
-    for key, item in found.items():
-        if item is not sentinel:
-            memo[key] = object.__new__(type(item))
-    for key, item in found.items():
-        if item is sentinel:
-            continue
-        twin = memo[key]
-        for name, is_slot, value in _fields(item):
-            value = copy.deepcopy(value, memo)
-            if is_slot:
-                object.__setattr__(twin, name, value)
-            else:
-                twin.__dict__[name] = value
-    return memo[id(root)]
-
-
-def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from rewrite.backends.mil_reference import evaluate
-
-    return evaluate(program, feeds)
-
-
-@dataclass(frozen=True)
-class SemanticProblem:
-    """An objection to a program; `key` names the place, so that one that was
-    there before a rewrite is recognized after it."""
-
-    key: tuple
-    message: str
-
-
-def semantic_problems(program: Program) -> list[SemanticProblem]:
-    """What Core ML's runtime refuses although the values would be right.
-
-    A `select` whose operand broadcasts implicitly (its shape is not the
-    output's) fails to load in a multifunction model ("Failed to
-    PropagateInputTensorShapes ... select").
-    """
-    adapter = MilAdapter(program)
-    problems = []
-
-    def walk(block):
-        for op in block.operations:
-            for nested in op.blocks:
-                walk(nested)
-            if op.op_type != "select":
-                continue
-            output = adapter.proven_shape(op.outputs[0])
-            for name in ("cond", "a", "b"):
-                shape = adapter.proven_shape(op.inputs[name])
-                if shape is None or output is None:
-                    continue
-                # Provably widened: fewer axes, a literal of another size, or a
-                # literal 1 against a symbol. Two symbols may be one size.
-                if len(shape) != len(output) or any(
-                    (isinstance(x, int) and isinstance(y, int) and x != y) or (x == 1 and not isinstance(y, int))
-                    for x, y in zip(shape, output)
-                ):
-                    problems.append(SemanticProblem(
-                        # By the operand value, not the op: a rule that rebuilds
-                        # the select under a new name did not add the problem.
-                        (op.inputs[name].name, name, tuple(map(str, output))),
-                        f"select '{op.name}' broadcasts its operand '{name}' implicitly "
-                        f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that",
-                    ))
-
-    for function in program.functions.values():
-        walk(function)
-    return problems

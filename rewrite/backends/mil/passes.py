@@ -1,0 +1,36 @@
+"""A rule set as a coremltools graph pass, for `ct.PassPipeline`."""
+
+from __future__ import annotations
+
+
+def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
+    """Register a `RuleSet` as a coremltools graph pass named `name`.
+
+    `name` is "namespace::pass_name" (e.g. "common::remove_broadcast_tiles");
+    the pass can then be inserted into a `ct.PassPipeline` like any other:
+
+        register_graph_pass(rewrite.load_rules("tiles.rules"), "common::remove_broadcast_tiles")
+        pipeline = ct.PassPipeline.DEFAULT
+        pipeline.insert_pass(0, "common::remove_broadcast_tiles")
+    """
+    from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
+    from coremltools.converters.mil.mil.passes.pass_registry import register_pass
+
+    namespace, separator, pass_name = name.partition("::")
+    if not separator or not namespace or not pass_name.isidentifier():
+        raise ValueError(f"pass name {name!r} must look like 'namespace::pass_name'")
+
+    class RuleSetPass(AbstractGraphPass):
+        __doc__ = f"The rules {', '.join(r.name for r in rules.rules)} as a graph pass."
+        rule_set = rules
+        last_statistics = None
+
+        def apply(self, program):
+            type(self).last_statistics = self.rule_set.apply(program)
+
+    RuleSetPass.__name__ = pass_name
+    RuleSetPass.__qualname__ = pass_name
+    register_pass(namespace=namespace, override=override)(RuleSetPass)
+    return name
+
+
