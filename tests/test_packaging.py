@@ -45,12 +45,12 @@ def test_wheel_installs_and_runs_from_another_directory(tmp_path):
     # only from the wheel; it is installed before anything else is visible, so
     # pip cannot find `rewrite` already installed in this interpreter.
     environment = tmp_path / "venv"
-    venv.create(environment, with_pip=True)
+    venv.create(environment, with_pip=False)  # this interpreter's pip installs into it (--python)
     python = environment / "bin" / "python"
     # Without PYTHONPATH/PYTHONHOME, nothing from the caller's environment can
     # come before the new environment's own site-packages.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
                    check=True, capture_output=True, timeout=600, env=env)
 
     # Its dependencies (coremltools, lark, ...) come from this interpreter's
