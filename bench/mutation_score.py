@@ -44,7 +44,6 @@ ARGUMENTS: dict[tuple[str, str], str] = {
     ("fuse_gelu_tanh", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="tanh"),
     ("fuse_gelu_erf", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="erf"),
     ("fuse_logit_softcap", 'contains(["fp16", "fp32"], dtype(%out))'): FP_ONLY.format(op="tanh"),
-    ("fuse_rmsnorm", 'contains(["fp16", "fp32"], dtype(%x))'): FP_ONLY.format(op="rsqrt (of x·x's mean)"),
     ("fuse_masked_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(op="softmax (of q·kᵀ)"),
     ("fuse_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(op="softmax (of q·kᵀ)"),
     ("fuse_gelu_tanh", "shape(%out) == shape(%x)"): GUARD,
@@ -78,8 +77,6 @@ ARGUMENTS: dict[tuple[str, str], str] = {
         "changes shape; shape(%out) == shape(%x) then fails except for a single row, where the values agree",
     ("fuse_rmsnorm", "is_finite(uniform(%epsilon))"): "with e = ±inf or NaN both forms are 0 or NaN alike: "
         "x·rsqrt(m + inf) = 0 = x/sqrt(s + d·inf)",
-    ("fuse_rmsnorm", "uniform(%epsilon) >= 0"): "the identity x·rsqrt(m + e) = sqrt(d)·x/sqrt(s + d·e) holds for "
-        "a negative e too: both are NaN exactly where m + e < 0",
     ("fuse_reduce_keep_dims", "len(const(%axes)) == len(normalized_axes(const(%axes), rank(%x)))"): "a reduction "
         "given an axis twice reduces it once, as normalized_axes counts it, so the positions compare as they are",
     ("remove_matmul_batch_tiles", "forall axis in axes(%x): %reps[axis] == 1 or dim(%x, axis) == 1"): "implied: the "
@@ -118,6 +115,102 @@ for _rule in ("broadcast_select_operands", "broadcast_select_bool_operands"):
                                               "holds the same elements",
         (_rule, "%reference is not %v and %other is not %v"): _zeros + " (see the two halves)",
     })
+_CHAIN = "unscaled(%outer) is %x, and each step of a scaling chain (MIL's Adapter.scaling) keeps its operand's "
+ARGUMENTS.update({
+    ("fold_scaling_chain", "one_use(%inner) and unscaled(%inner) is %x and %x is not %inner"): "implied: the next "
+        "clause then binds %x to an operand of %inner, and unscaled(%outer) is %x walks from %outer through "
+        "%inner, which must then be a scaling with no other use, to that operand",
+    ("fold_scaling_chain", "%x is not %inner"): "implied: the next clause has %x as an operand of %inner, and no "
+        "value is its own operand",
+    ("fold_scaling_chain", "shape(%x) == shape(%outer)"): "implied: " + _CHAIN + "shape (it takes only a factor "
+        "of one element and no more axes, or of provably the same shape)",
+    ("fold_scaling_chain", "dtype(%x) == dtype(%outer)"): "implied: " + _CHAIN + "dtype (it checks that for mul "
+        "and real_div; MIL's sub takes operands of one dtype)",
+    ("fuse_rmsnorm_rows", "is_known(dim(%x, -1))"): ARGUMENTS[("fuse_rmsnorm", "is_known(dim(%x, -1))")],
+    ("fuse_rmsnorm_rows", "is_finite(uniform(%epsilon))"): "implied: abs(d·(e + rsqrt's epsilon)) <= "
+        "max_finite(...) fails for an infinite or NaN e",
+    ("fuse_rmsnorm_rows", "shape(%out) == shape(%x)"): GUARD,
+    ("fold_norm_scale_into_weight", "rank(%w) >= 1"): "for a rank-0 w the forall-v clause ranges over const(%w) "
+        "itself, a number, which it cannot: unknown, so nothing fires",
+    ("fold_norm_scale_into_weight", "rank(%w) <= 4"): "from rank 5 the forall-v clause ranges over const(%w) itself, "
+        "whose elements are lists: abs(v * scale_of(%scaled)) is unknown, so nothing fires",
+    ("fold_norm_scale_into_weight", "not is_const(%scaled)"): "implied: unscaled(%scaled) is not %scaled makes "
+        "%scaled a scaling of a non-constant (Adapter.scaling skips a scaled operand that has a value), and such "
+        "a product has no constant value",
+    ("fold_norm_scale_into_weight", "dtype(%w) == dtype(%out)"): "MIL's mul takes operands of one dtype and gives it",
+    ("fold_norm_scale_into_weight", "shape(unscaled(%scaled)) == shape(%out)"): "the replacement broadcasts n "
+        "against c·w, of w's own shape, as (n·c)·w broadcast n·c (a scaling keeps n's shape): %out keeps its shape "
+        "and each element n_i·c·w_j; the clause keeps the rule to gains laid out along n's rows",
+    ("fold_norm_scale_into_weight", "is_finite(scale_of(%scaled))"): "implied for a nonempty weight: with an "
+        "infinite or NaN factor abs(v * scale_of(%scaled)) is inf or NaN for every v, and the forall-v clause "
+        "fails; an empty weight makes an empty product either way",
+    ("constant_tile_reps", "not is_const(%reps)"): "the rewrite reads only the proved dims of %t and %x, which the "
+        "reps decide whatever computed them; for constant reps it rebuilds the same tile",
+    ("constant_tile_reps", "rank(%t) == rank(%x)"): "MIL's tile takes one rep per axis of x and keeps x's rank",
+    ("constant_tile_reps", "forall axis in axes(%x): dim(%t, axis) == dim(%x, axis) or is_known(dim(%t, axis)) and "
+                           "is_known(dim(%x, axis)) and dim(%x, axis) >= 1 and mod(dim(%t, axis), dim(%x, axis)) == "
+                           "0"): "implied where the rule can fire: the rewrite's rep is 1 where the dims are proved "
+        "equal and dim(%t, axis) / dim(%x, axis) elsewhere, a number only for literal dims, and a tile's literal "
+        "dim is x's times the rep (proven_shape multiplies them), so the ratio is that rep; otherwise there is no "
+        "value to build with and nothing fires",
+    ("constant_reshape_shape", "not is_const(%shape)"): "the rewrite reads only the proved dims of %r, which are "
+        "the reshape's output whatever computed its shape; for a constant shape it rebuilds the same reshape",
+    ("fold_scalar_into_zero_fill", "rank(%c) == 0"): "for a c of rank >= 1 const(%c) is a list, and "
+        "const(%c) + const(%zero) (a list plus a number) is unknown: no value to build with, so nothing fires",
+    ("fold_scalar_into_zero_fill", "rank(%zero) == 0"): "for a fill value of rank >= 1 const(%zero) is a list, and "
+        "const(%c) + const(%zero) (a number plus a list) is unknown: no value to build with, so nothing fires",
+    ("fold_scalar_into_zero_fill", "shape(%a) == shape(%zeros)"): "implied: rank(%c) == 0, and a scalar added to "
+        "the fill cannot widen it",
+    ("fold_scalar_into_zero_fill", "dtype(%a) == dtype(%zeros)"): "MIL's add takes operands of one dtype and "
+        "gives it",
+})
+
+# rules/mil/attention.rules
+_SDPA = ("fuse_attention_to_sdpa", "fuse_masked_attention_to_sdpa", "fuse_masked_fill_attention_to_sdpa",
+         "fuse_additive_mask_attention_to_sdpa")
+_SCORES_RANK = ("rank(%masked), which is rank(%scaled) by the shape clause, which is rank(%q): a scaling widens "
+                "nothing (Adapter.scaling) and k has q's rank")
+_OUT_DIM = ("implied for a product with {rows}: the reshape keeps mm's element count, %out's leading dims are 1 (the "
+            "forall) and dim(%out, {other}) == dim(%mm, {other_mm}), so this dim is mm's too; otherwise both are "
+            "empty, and " + GUARD)
+ARGUMENTS.update({
+    ("move_transpose_swap_into_matmul_y", "rank(%y) >= 2"): "for a rank-1 y both sides of the order clause are "
+        "mod(%perm[0], 1) = 0, so it fails; for a rank-0 y, %perm[-2] is out of range (unknown), and no matmul "
+        "takes one",
+    ("lift_matmul_out_of_batch_one_reshapes", "rank(%a) >= 3"): "at rank 2 the dim clauses make each reshape keep "
+        "its input's shape (the identity), so the product is the same matmul; below rank 2 dim(%a, -2) is unknown "
+        "and nothing fires",
+    ("lift_matmul_out_of_batch_one_reshapes", "dim(%out, -2) == dim(%mm, 0)"): _OUT_DIM.format(
+        rows="columns", other=-1, other_mm=1),
+    ("lift_matmul_out_of_batch_one_reshapes", "dim(%out, -1) == dim(%mm, 1)"): _OUT_DIM.format(
+        rows="rows", other=-2, other_mm=0),
+    ("fuse_masked_attention_to_sdpa", 'dtype(%m) == "bool"'): "MIL's select takes only a bool cond",
+    ("fuse_masked_fill_attention_to_sdpa", 'dtype(%drop) == "bool"'): "MIL's select takes only a bool cond",
+    ("fuse_masked_attention_to_sdpa", "rank(%m) <= rank(%q)"): "implied: select broadcasts its cond, so rank(%m) "
+        "<= " + _SCORES_RANK,
+    ("fuse_masked_fill_attention_to_sdpa", "rank(%drop) <= rank(%q)"): "implied: select broadcasts its cond, so "
+        "rank(%drop) <= " + _SCORES_RANK,
+    ("fuse_additive_mask_attention_to_sdpa", "rank(%mask) <= rank(%q)"): "implied: add broadcasts, so rank(%mask) "
+        "<= " + _SCORES_RANK,
+    ("fuse_additive_mask_attention_to_sdpa", "rank(%mask) >= 1"): "for a rank-0 mask dim(%mask, -1) is out of "
+        "range (unknown), so the clause's next conjunct is never yes and nothing fires",
+    ("fuse_additive_mask_attention_to_sdpa", "dtype(%mask) == dtype(%scaled)"): "MIL's add takes operands of one "
+        "dtype",
+    ("fuse_masked_fill_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(
+        op="softmax (of q·kᵀ)"),
+    ("fuse_additive_mask_attention_to_sdpa", 'contains(["fp16", "fp32"], dtype(%q))'): FP_ONLY.format(
+        op="softmax (of q·kᵀ)"),
+})
+for _rule in _SDPA:
+    ARGUMENTS.update({
+        (_rule, "is_finite(scale_of(%scaled))"): "implied: abs(scale_of(%scaled)) <= 1 fails for ±inf and NaN",
+        (_rule, "is_known(dim(%q, -1))"): "the rewrite computes sqrt(dim(%q, -1)): of a symbolic E that is no value "
+            "to build with, and the rule does not fire",
+    })
+for _rule in _SDPA[1:3]:
+    ARGUMENTS[(_rule, "unscaled(%scaled) is %scaled or one_use(unscaled(%scaled))")] = (
+        "only %out is replaced; the scores' matmul stays for its other uses and computes what it did: the clause is "
+        "about profit (no work duplicated)")
 
 
 def general_argument(rule: ast.Rule, deleted: str) -> str:
@@ -131,7 +224,7 @@ def general_argument(rule: ast.Rule, deleted: str) -> str:
         if any(read in rest for read in (f"const({var})", f"{var}[", f"uniform({var})")):
             return (f"{var} is read as a constant elsewhere in the rule; of a non-constant that is unknown, which "
                     "proves nothing (in the rewrite, no value to build with), so the rule does not fire")
-    match = re.fullmatch(r"(one_use|internal)\((.+)\)", deleted)
+    match = re.fullmatch(r"(one_use|internal)\(([^()]+)\)", deleted)
     if match and match.group(2) not in replaced:
         return (f"only {', '.join(sorted(v for v in replaced if v))} is replaced; {match.group(2)} stays for "
                 "its other uses and computes what it did: the clause is about profit (no work duplicated)")

@@ -5,12 +5,14 @@
 
     model = ct.convert(program, pass_pipeline=build_pass_pipeline(), ...)
 
-The rules run in three groups, each registered as one graph pass and placed
+The rules run in five groups, each registered as one graph pass and placed
 relative to coremltools' default passes, the way a converter places its
 hand-written passes: cleanups before constants are folded, fusions before
 matmul/bias fusion, a late group after `reduce_mean` is formed (which can
-expose reductions to fuse again), and a settling group after coremltools
-first merges duplicate ops (which makes equal values identical).
+expose reductions to fuse again), a settling group after coremltools
+first merges duplicate ops (which makes equal values identical), and the
+index guards coremltools adds last, removed where the indices are proved
+non-negative.
 """
 
 from __future__ import annotations
@@ -83,6 +85,12 @@ GROUPS = (
     # values that were merely equal are the same value, which rules can see.
     PassGroup(
         "rewrite::settle", _RESETTLING + ("fuse_selects_on_one_condition",), "common::remove_redundant_ops",
+        after=True,
+    ),
+    # coremltools guards every gather's indices against negative values only
+    # now; the guards of indices proved non-negative go again at once.
+    PassGroup(
+        "rewrite::index_guards", ("remove_nonnegative_index_guard",), "common::guard_negative_gather_indices",
         after=True,
     ),
 )

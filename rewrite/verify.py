@@ -249,6 +249,7 @@ class _Generator:
         self.consumer_patterns = _consumer_patterns(rule)
         self.contracting = any(t in CONTRACTIONS for p in self.consumer_patterns for t in p.types)
         self.sources = 1 + len(rule.examples)  # the first decision: generated, or which example
+        self.rewritten_examples = sum(example.expected is not None for example in rule.examples)
 
     def instance(self, choices: Choices) -> Instance | None:
         self.c = choices
@@ -256,8 +257,13 @@ class _Generator:
         # are more than the operand generator can build, so half the
         # instances are the rule's own examples, changed in one place: those
         # the rule rewrites first, whose changes cross the conditions' edges.
+        # Those it rewrites count as much together as those it leaves
+        # (a rule may have dozens of the latter, one per condition).
         examples = sorted(self.rule.examples, key=lambda example: example.expected is None)
-        source = choices.choice(["generated", *range(len(examples))], [len(examples) or 1] + [1] * len(examples))
+        rewritten = sum(example.expected is not None for example in examples)
+        weight = max(1, (len(examples) - rewritten) // max(1, rewritten))
+        weights = [weight if example.expected is not None else 1 for example in examples]
+        source = choices.choice(["generated", *range(len(examples))], [sum(weights) or 1] + weights)
         opsets = OPSETS[self.dialect]
         self.opset = choices.choice(opsets, [2 * len(opsets)] + [1] * (len(opsets) - 1))
         graph = self._generated() if source == "generated" else self._mutated_example(examples[source])
@@ -844,8 +850,14 @@ def verify_rule(
         # Each source (the generator, each example) enumerated on its own,
         # in turn, so that no source's many single changes starve another's;
         # the generator, whose instances vary most, has every other turn.
+        # The examples the rule rewrites have as many turns together as those
+        # it leaves (listed again, since a rule may have dozens of the latter).
         sources = [_plans(generator.instance, enumerated, root=((0, i),)) for i in range(generator.sources)]
-        yield from itertools.islice(_round_robin(sources[0], sources[1:]), enumerated)
+        rewritten = sources[1:1 + generator.rewritten_examples]
+        left = sources[1 + generator.rewritten_examples:]
+        repeat = max(1, len(left) // max(1, len(rewritten)))
+        others = [source for _ in range(repeat) for source in rewritten] + left
+        yield from itertools.islice(_round_robin(sources[0], others), enumerated)
         for _ in range(trials - enumerated):
             yield generator.instance(Choices(rng=rng))
 

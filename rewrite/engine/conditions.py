@@ -890,6 +890,37 @@ def _scaling_chain(adapter, value):
     return current, factor
 
 
+def _value_bounds(adapter, value) -> tuple:
+    """(least, greatest) element of an integer or bool value, each None where unproved.
+
+    The adapter's `value_bounds` follows producers; without one, only a
+    constant has bounds. Floats have none: a NaN element is below and above
+    every bound, and a proof that ignored it would let a rule fire on one.
+    """
+    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
+        return None, None
+    proved = getattr(adapter, "value_bounds", None)
+    if proved is not None:
+        return proved(value)
+    constant = adapter.constant(value)
+    if constant is None:
+        return None, None
+    array = np.asarray(constant)
+    if array.size == 0 or array.dtype.kind not in "biu":
+        return None, None
+    return int(array.min()), int(array.max())
+
+
+def _lower_bound(adapter, value):
+    least = _value_bounds(adapter, value)[0]
+    return UNKNOWN if least is None else least
+
+
+def _upper_bound(adapter, value):
+    greatest = _value_bounds(adapter, value)[1]
+    return UNKNOWN if greatest is None else greatest
+
+
 def _unscaled(adapter, value):
     return _scaling_chain(adapter, value)[0]
 
@@ -939,6 +970,8 @@ _BUILTINS: dict[str, Callable] = {
     "abs": _abs,
     "sqrt": _sqrt,
     "every_row_any": _every_row_any,
+    "lower_bound": _lower_bound,
+    "upper_bound": _upper_bound,
     "available": _available,
     "mod": _mod,
 }

@@ -148,6 +148,13 @@ BUILTINS: dict[str, Signature] = {
         _signature("available", "op_type:string", Type.BOOL,
                    "The program's opset has the op (MIL: the deployment target of every function); "
                    "for rules that build an op newer than some targets."),
+        _signature("lower_bound", "value", Type.NUMBER,
+                   "The least number any element of an integer or bool value can hold, as its "
+                   "producers prove it (a constant's minimum; a range from a start; a slice, gather "
+                   "or reshape of such; sums, ...); unknown if nothing proves one, and for floats."),
+        _signature("upper_bound", "value", Type.NUMBER,
+                   "The greatest number any element of an integer or bool value can hold, proved as "
+                   "for lower_bound; unknown otherwise."),
         _signature("every_row_any", "items:any", Type.BOOL,
                    "Every row (along the last axis) of a nested list holds a true (non-zero) element."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),

@@ -434,6 +434,29 @@ def test_an_expanded_buffer_slice_needs_no_runtime_tile():
     assert_computes("embeddings", False)
 
 
+def test_gather_guards_of_positions_proved_non_negative_go():
+    # coremltools guards every gather's indices: select(i >= 0, i, i + n).
+    # The positions and token types are slices of constant non-negative
+    # buffers, so their guards go; the word ids come from the user and keep theirs.
+    _, default, _ = converted("embeddings", True, False)
+    _, ours, fired = converted("embeddings", True, True)
+    assert fired["remove_nonnegative_index_guard"] >= 2  # and guards of constant indices, before they fold
+    before, after = histogram(default), histogram(ours)
+    assert before["gather"] == after["gather"] == 4  # three tables and the length read from shape(x)
+    assert before["greater_equal"] == 3 and after["greater_equal"] == 1
+    assert after["select"] == 1  # the ids' guard (the default has the expand's size select too)
+    assert after["add"] == before["add"] - 2
+    assert_computes("embeddings", True)
+
+
+def test_gather_guards_stay_where_an_index_may_be_negative():
+    # The same program with its ids' guard: the user's ids have no bound.
+    _, ours, fired = converted("embeddings", False, True)
+    assert fired["remove_nonnegative_index_guard"] == 0
+    assert histogram(ours)["select"] == 1
+    assert_computes("embeddings", False)
+
+
 def test_grouped_query_attention_repeats_by_constant_reps():
     _, default, _ = converted("repeat_kv", True, False)
     _, ours, fired = converted("repeat_kv", True, True)

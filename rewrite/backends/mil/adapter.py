@@ -18,6 +18,7 @@ import numpy as np
 import sympy
 
 from rewrite.backends.mil import shapes as mil_shapes
+from rewrite.backends.mil.bounds import BoundsProver
 from rewrite.backends.mil.pymil import (
     Block,
     Function,
@@ -160,6 +161,7 @@ class MilAdapter:
         # Rewrites replace values by equal ones, so what was proven stays true.
         self._proven_shapes: dict[int, tuple] = {}
         self._shape_values: dict[int, tuple] = {}
+        self._bounds = BoundsProver()
         for function in program.functions.values():
             self._index_inputs(function)
 
@@ -769,6 +771,10 @@ class MilAdapter:
         if any(target is None for target in targets):
             return None
         return all(min(versions) <= target for target in targets)
+
+    def value_bounds(self, value: Var) -> tuple[int | None, int | None]:
+        """The least and greatest element an integer or bool value can hold (see `bounds`)."""
+        return self._bounds.bounds(value)
 
     def fill_value(self, value: Var) -> float | None:
         """The value of a `fill`/`fill_like` with a constant scalar `value`."""

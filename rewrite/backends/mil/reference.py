@@ -108,7 +108,9 @@ def _infer_op(op: Operation) -> None:
         _infer_block(nested)
     op.type_value_inference(overwrite_output=True)
     compute = KERNELS.get(op.op_type)
-    if compute is not None and any(v.val is None for v in op.outputs) and _inputs_known(op):
+    if op.op_type in IN_OWN_DTYPE and _inputs_known(op):
+        _set_value(op.outputs[0], IN_OWN_DTYPE[op.op_type](op))
+    elif compute is not None and any(v.val is None for v in op.outputs) and _inputs_known(op):
         values = compute(op)
         for var, value in zip(op.outputs, values if isinstance(values, tuple) else (values,)):
             _set_value(var, value)
@@ -137,6 +139,33 @@ def kernel(*op_types: str):
         return function
 
     return register
+
+
+# Fused ops evaluated step by step in their own dtype, as coremltools
+# decomposes them for targets without the op, instead of by coremltools'
+# value inference (which promotes to float64 on the way). A rule that fuses
+# the steps is then compared like with like: the fused op rounds where the
+# ops it replaced did. In float64, an ill-conditioned sum (scores plus a
+# mask of +30000) differed from the fp32 steps by 3e-4, which `verify`
+# reported as a changed value.
+IN_OWN_DTYPE: dict[str, Callable[[Operation], object]] = {}
+
+
+def _attention_in_own_dtype(op: Operation):
+    query, key, value = (np.asarray(op.inputs[name].val) for name in ("query", "key", "value"))
+    kind = query.dtype.type
+    scores = np.matmul(query * kind(1.0 / math.sqrt(query.shape[-1])), np.swapaxes(key, -2, -1)).astype(kind)
+    mask = op.inputs.get("attn_mask")
+    if mask is not None:
+        mask = np.asarray(mask.val)
+        scores = scores + (np.where(mask, kind(0), kind(-np.inf)) if mask.dtype == bool else mask.astype(kind))
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = (shifted / shifted.sum(axis=-1, keepdims=True)).astype(kind)
+    return np.matmul(weights, value).astype(kind)
+
+
+IN_OWN_DTYPE["scaled_dot_product_attention"] = _attention_in_own_dtype
 
 
 def _input(op: Operation, name: str, default=None):
