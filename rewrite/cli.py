@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         help="a .rules file or a folder of them (repeatable; default: the shipped library)",
     )
     apply.add_argument("--rule", action="append", metavar="NAME", help="apply only this rule (repeatable)")
+    apply.add_argument("--rules-only", action="store_true",
+                       help="ONNX: only the rules, without constant folding and pruning (the default with --rules)")
     apply.add_argument("--in-place", action="store_true", help="overwrite INPUT with the result")
     apply.add_argument("--max-sweeps", type=_positive, default=None, metavar="N",
                        help="give up when rules still fire after N sweeps")
@@ -361,7 +363,15 @@ def _apply(arguments) -> int:
         # a person watches.
         bar = _progress_bar(model.count_ops()) if sys.stderr.isatty() else None
         try:
-            statistics = rule_set.apply(model.program, progress=bar, **options)
+            if model.format == "onnx" and not arguments.rules and not arguments.rule and not arguments.rules_only:
+                # The whole ONNX library: constants folded, the rules, dead values pruned.
+                from rewrite.onnx import optimize
+
+                statistics = optimize(model.program, rules=rule_set, progress=bar, check_types=arguments.check_types,
+                                      **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
+                                      ).statistics
+            else:
+                statistics = rule_set.apply(model.program, progress=bar, **options)
         except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError, ModelError) as error:
             raise UserError(str(error)) from None
         finally:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
+import rewrite
 from rewrite import cli
 from rewrite.backends.mil import count_ops, load_mlpackage
 from tests.model_files import (
@@ -298,8 +299,9 @@ def test_apply_says_when_no_rule_fired(tmp_path):
     assert run("apply", source, "-o", first).returncode == 0
     result = run("apply", first, "-o", tmp_path / "second.onnx")
     assert result.returncode == 0
+    tried = len(rewrite.load_rules(dialects=["onnx"]).rules)
     assert result.stdout.strip().splitlines() == [
-        f"wrote {tmp_path / 'second.onnx'}: no rule fired (2 rules tried), 3 -> 3 ops"
+        f"wrote {tmp_path / 'second.onnx'}: no rule fired ({tried} rules tried), 3 -> 3 ops"
     ]
 
 
