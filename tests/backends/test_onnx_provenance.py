@@ -39,16 +39,16 @@ def test_a_reshape_to_a_runtime_shape_is_where_the_dims_were_lost():
 
 
 def test_a_transpose_maps_the_axis_through_its_perm():
-    # Reshape(x: [n, 8], [-1, 4]) is (?, 4); transposed, (4, ?).
+    # Reshape(x: [n, 8], [-1, 3]) is (?, 3): n * 8 / 3 is not a product of known dims. Transposed, (3, ?).
     model = _model(
         [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0])],
-        [_tensor("x", FLOAT, ["n", 8])], [_tensor("t", FLOAT, [4, None])], [_ints("shape", [-1, 4])],
+        [_tensor("x", FLOAT, ["n", 8])], [_tensor("t", FLOAT, [3, None])], [_ints("shape", [-1, 3])],
     )
     adapter = OnnxAdapter(model)
     transposed = _value(adapter, "t")
-    assert adapter.shape(transposed) == (4, UNKNOWN)
+    assert adapter.shape(transposed) == (3, UNKNOWN)
     assert adapter.unknown_dim_origin(transposed, 1) is _node(adapter, "r")
-    assert adapter.unknown_dim_origin(transposed, 0) is None  # 4 is known: nothing lost it
+    assert adapter.unknown_dim_origin(transposed, 0) is None  # 3 is known: nothing lost it
 
 
 def test_an_input_declared_unknown_is_lost_by_no_node():
@@ -62,14 +62,41 @@ def test_an_input_declared_unknown_is_lost_by_no_node():
 
 
 def test_a_node_with_no_inference_rule_lost_what_its_inputs_had():
-    # Flatten has no rule here: only the exporter's declaration, with no dims, types its output.
-    model = _model(
-        [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Neg", ["f"], ["out"])],
-        [_tensor("x", FLOAT, [2, 3, 4])], [_tensor("out", FLOAT, [None, None])],
+    # An op of another domain has no inference: only the exporter's declaration, with no dims, types its output.
+    graph = helper.make_graph(
+        [helper.make_node("Thing", ["x"], ["f"], domain="com.example"), helper.make_node("Neg", ["f"], ["out"])],
+        "g", [_tensor("x", FLOAT, [2, 3, 4])], [_tensor("out", FLOAT, [None, None])],
         value_info=[_tensor("f", FLOAT, [None, None])],
     )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)])
     adapter = OnnxAdapter(model)
     assert adapter.unknown_dim_origin(_value(adapter, "out"), 0) is _node(adapter, "f")
+
+
+def test_a_data_dependent_dim_is_lost_by_its_op():
+    # NonZero's count of elements is known only at run time; onnx's own inference says so too.
+    model = _model(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Neg", ["nz"], ["out"])],
+        [_tensor("x", FLOAT, [2, 3, 4])], [_tensor("out", INT64, [3, None])],
+    )
+    adapter = OnnxAdapter(model)
+    assert adapter.shape(_value(adapter, "out")) == (3, UNKNOWN)
+    assert adapter.unknown_dim_origin(_value(adapter, "out"), 1) is _node(adapter, "nz")
+    assert adapter.unknown_dim_origin(_value(adapter, "out"), 0) is None
+
+
+def test_a_slice_keeps_the_axes_it_does_not_cut_and_is_where_a_cut_one_was_lost():
+    # x[:, s:e] with run-time bounds: axis 0 stays n, axis 1 is lost by the Slice.
+    model = _model(
+        [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["sl"]), helper.make_node("Relu", ["sl"], ["out"])],
+        [_tensor("x", FLOAT, ["n", 8]), _tensor("starts", INT64, [1]), _tensor("ends", INT64, [1])],
+        [_tensor("out", FLOAT, ["n", None])], [_ints("axes", [1])],
+    )
+    adapter = OnnxAdapter(model)
+    out = _value(adapter, "out")
+    assert adapter.shape(out) == (Symbol("n"), UNKNOWN)
+    assert adapter.unknown_dim_origin(out, 1) is _node(adapter, "sl")
+    assert adapter.unknown_dim_origin(out, 0) is None
 
 
 def test_symbols_are_not_unknown():

@@ -21,8 +21,7 @@ MANIFEST = json.loads((MODELS / "manifest.json").read_text())
 
 # file -> the Expand/Tile nodes the shipped rules remove. Every other one stays, because:
 #   position_ids / mask-index Expands feed Slice, Concat, GatherND or Unsqueeze (not broadcasting);
-#   key/value head repeats feed Reshape;
-#   gpt2_torchscript's mask Expand feeds Where with two scalars: only it carries the output shape.
+#   key/value head repeats feed Reshape.
 REMOVED = {
     "layernorm_dynamo.onnx": [],
     "layernorm_torchscript.onnx": [],
@@ -36,7 +35,9 @@ REMOVED = {
     # The mask Expand's input already has the target shape: a no-op.
     "llama_torchscript.onnx": ["/model/model/Expand"],
     "gpt2_dynamo.onnx": [],
-    "gpt2_torchscript.onnx": [],
+    # The mask Expand feeds Where with two scalars, but its input provably has
+    # the target shape already (Reshape's -1 and Flatten solved symbolically).
+    "gpt2_torchscript.onnx": ["/model/transformer/Expand"],
 }
 
 
