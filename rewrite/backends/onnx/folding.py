@@ -28,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rewrite.backends.onnx.adapter import Node, OnnxAdapter, Value
+from rewrite.engine.interfaces import ModelError
 
 # Folded values up to this size become constants (1 MiB).
 DEFAULT_LIMIT_BYTES = 1 << 20
@@ -96,7 +97,10 @@ def _evaluated(adapter: OnnxAdapter, node: Node) -> list[np.ndarray] | None:
         if value is None:
             inputs.append(None)
             continue
-        constant = adapter.constant(value)
+        try:
+            constant = adapter.constant(value)
+        except ModelError:
+            return None  # a tensor that cannot be read folds nothing; a rule that reads it says so
         if constant is None:
             return None
         inputs.append(np.asarray(constant))
