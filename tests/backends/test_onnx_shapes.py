@@ -653,3 +653,17 @@ def test_explain_names_a_slice_with_run_time_bounds():
     (item,) = explain(rules, adapter, registered_predicates())
     assert not item.fired and item.truth == "unknown"
     assert item.origins == ("dim 0 of %y(?, 16) was lost by the shape inference of 'Slice(y)' (Slice)",)
+
+
+def test_squeeze_with_an_empty_axes_list_squeezes_every_one_as_onnxruntime_does():
+    # onnxruntime reads Squeeze(x, axes=[]) as no axes given: every 1 goes.
+    # A dim that might be 1 then leaves the rank unknown.
+    for dims, expected in (([1, 3, 1], (3,)), (["n", 3], None)):
+        model = _model([helper.make_node("Squeeze", ["x", "axes"], ["y"])], [_tensor("x", FLOAT, dims)],
+                       [_tensor("y", FLOAT, None)], [_ints("axes", [])], opset=13)
+        adapter = OnnxAdapter(model)
+        assert adapter.shape(adapter.main.values["y"]) == expected
+        if expected is not None:
+            session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            (out,) = session.run(None, {"x": np.zeros(dims, np.float32)})
+            assert out.shape == expected

@@ -719,9 +719,12 @@ def _squeeze(adapter, node):
     if shape is None:
         return [(None, _dtype(node))]
     axes = _ints(adapter, node, 1, "axes")
-    if axes is None:
-        if len(node.inputs) > 1 and node.inputs[1] is not None:
-            return [(None, _dtype(node))]
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        return [(None, _dtype(node))]  # axes computed at run time
+    if not axes:
+        # No axes, or an empty list, which onnxruntime reads as none given
+        # (onnx's reference as "squeeze nothing"): every 1 goes, so a dim
+        # that might be 1 leaves the rank unknown.
         if any(not is_literal(d) for d in shape):
             return [(None, _dtype(node))]
         return [(tuple(d for d in shape if d != 1), _dtype(node))]
