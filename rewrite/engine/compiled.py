@@ -10,6 +10,16 @@ are compiled once into nested closures with the interpreter's semantics
 `or` that binds tried side by side) and none of that overhead.
 
 The tests run every condition both ways (tests/engine/test_conditions.py).
+
+While the driver runs, a quantifier over the operands of a wide op (a rest
+operand `%others...` bound to an `operands.OperandsExcept` view) whose body
+compares one feature of the element (`rank(other)`, `aligned_dim(other, axis,
+of=%e)`, `dtype(other)`, ...) with something that does not depend on it, or
+asks `other is %v`, is answered from the op's record: how many operands have
+each value of that feature, counted once for the op and kept up to date with
+every edit. The verdict is the one the loop would reach (Kleene's `and` and
+`or` do not depend on order or repetition); only its cost no longer grows
+with the op's width.
 """
 
 from __future__ import annotations
@@ -21,14 +31,22 @@ from rewrite.engine.conditions import (
     _BUILTINS,
     _VALUE_PARAMETERS,
     Evaluator,
+    _aligned_offset,
     _arithmetic,
     _binds,
+    _dim,
+    _dtype,
     _equal,
+    _is_const,
+    _op_type,
+    _rank,
+    _right_dim,
     conjuncts,
     domain_list,
 )
-from rewrite.engine.logic import UNKNOWN, Truth, order
-from rewrite.engine.matcher import ABSENT, Environment
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth, order
+from rewrite.engine.matcher import ABSENT, Environment, Matcher
+from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
 from rewrite.language import ast
 from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Type
 
@@ -44,10 +62,18 @@ def _missing(value) -> bool:
 
 
 class CompiledConditions:
-    """Compiles conditions against one evaluator (its adapter, matcher, predicates, caches)."""
+    """Compiles conditions against one evaluator (its adapter, matcher, predicates, caches).
 
-    def __init__(self, evaluator: Evaluator):
+    With a `table` (the driver's), patterns are matched through it, a rest
+    operand in `lazy_rests` binds a view of a wide op's operands, and
+    quantifiers over such a view are answered from the op's record.
+    """
+
+    def __init__(self, evaluator: Evaluator, table: OperandTable | None = None,
+                 lazy_rests: frozenset[int] = frozenset()):
         self.evaluator = evaluator
+        self.table = table
+        self.matcher = evaluator.matcher if table is None else Matcher(evaluator.adapter, table, lazy_rests)
         self._conjunctions: dict[int, tuple[list, Conjunction]] = {}
 
     def holds(self, exprs: list, env: Environment) -> Verdict:
@@ -132,11 +158,12 @@ class CompiledConditions:
 
     def _matches(self, expr: ast.Matches) -> Callable[[Environment], Any]:
         subject = self.value(expr.subject)
-        adapter, matcher, pattern = self.evaluator.adapter, self.evaluator.matcher, expr.pattern
+        adapter, matcher, pattern = self.evaluator.adapter, self.matcher, expr.pattern
 
         def ways(env):
             value = subject(env)
-            if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
+            if (value is None or value is UNKNOWN or value is ABSENT
+                    or isinstance(value, (list, tuple, OperandsExcept))):
                 return ()  # an absent optional operand is produced by no op
             op = adapter.producer(value)
             if op is None:
@@ -213,6 +240,19 @@ class CompiledConditions:
     def _quantifier(self, expr: ast.Quantifier) -> TruthFunction:
         domain_of, variable, forall = self.value(expr.domain), expr.variable, expr.kind == "forall"
         body = self.truth(expr.body)
+        summarized = self._over_operands(expr) if self.table is not None and expr.filter is None else None
+        if summarized is not None:
+            general = self._plain_quantifier(None, variable, forall, None, body)
+
+            def over_operands(env):
+                domain = domain_of(env)
+                if type(domain) is OperandsExcept:
+                    found = summarized(domain, env)
+                    if found is not None:
+                        return found
+                return general(env, domain)
+
+            return over_operands
         if expr.filter is None or not _binds(expr.filter):
             return self._plain_quantifier(domain_of, variable, forall, expr.filter, body)
         keep = self.conjunction(conjuncts(expr.filter))
@@ -249,13 +289,68 @@ class CompiledConditions:
 
         return quantified
 
-    def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body) -> TruthFunction:
+    def _over_operands(self, expr: ast.Quantifier):
+        """`forall/exists x in %rest: body` answered from the record of the op whose
+        operands `%rest` views, for the bodies that only ask about one feature of x;
+        None for any other body. The function returns None when it cannot answer
+        (the feature's arguments have no summary), and the loop runs instead."""
+        variable, forall, body = expr.variable, expr.kind == "forall", expr.body
+        kind = type(body)
+        if kind is ast.SameValue and type(body.left) is ast.NameRef and body.left.name == variable:
+            var, negated = body.var, body.negated
+
+            def same(view: OperandsExcept, env):
+                total = len(view)
+                if var not in env:
+                    return _verdict(forall, 0, total, 0)
+                found = view.count(env[var])
+                if negated:
+                    return _verdict(forall, total - found, 0, found)
+                return _verdict(forall, found, 0, total - found)
+
+            return same
+        if kind is not ast.Compare:
+            return None
+        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
+            call, other, feature_left = body.left, body.right, True
+        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
+            call, other, feature_left = body.right, body.left, False
+        else:
+            return None
+        canonical = _FEATURES[call.function]
+        adapter = self.evaluator.adapter
+        arguments = [self.value(argument) for argument in call.arguments[1:]]
+        keywords = [(name, self.value(argument)) for name, argument in call.keywords]
+        other_of, operator = self.value(other), body.operator
+        compare = _comparison(operator, feature_left)
+
+        def compared(view: OperandsExcept, env):
+            feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+            if feature is None:
+                return None
+            rhs = other_of(env)
+            total = len(view)
+            key, function = feature
+            if key is _CONSTANT:  # the same for every operand
+                return (YES if forall else NO) if not total else compare(function, rhs)
+            try:
+                summary = view.record.summary(key, lambda: Counts(function))
+            except TypeError:  # an argument that cannot name a summary
+                return None
+            if summary is None:
+                return None
+            return _verdict(forall, *_tally(summary, summary.of[view.excluded], total, rhs, operator, compare))
+
+        return compared
+
+    def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body):
         """A quantifier whose filter binds nothing: the same verdicts as the
-        general one, with the filter a plain truth and the connectives unrolled."""
+        general one, with the filter a plain truth and the connectives unrolled.
+        Without `domain_of`, the function takes the domain after the environment."""
         keep = None if filter_expr is None else self.truth(filter_expr)
 
-        def quantified(env):
-            domain = domain_list(domain_of(env))
+        def over(env, domain):
+            domain = domain_list(domain)
             if domain is None:
                 return MAYBE
             unsure = False
@@ -290,7 +385,9 @@ class CompiledConditions:
                 return MAYBE
             return YES if forall else NO
 
-        return quantified
+        if domain_of is None:
+            return over
+        return lambda env: over(env, domain_of(env))
 
     def _every_use(self, expr: ast.EveryUse) -> TruthFunction:
         adapter, of, variable, body = self.evaluator.adapter, expr.of, expr.variable, self.truth(expr.body)
@@ -384,6 +481,8 @@ class CompiledConditions:
             positions, names = (), ()
         positions = tuple(p for p in positions if p < len(arguments))
         missing = MAYBE if BUILTINS[expr.function].result is Type.BOOL else UNKNOWN
+        if expr.function == "broadcasts" and self.table is not None and len(arguments) == 1 and not keywords:
+            return self._broadcasts(arguments[0], _fixed_call(builtin, adapter, arguments, positions, missing))
 
         if not keywords and len(arguments) <= 3:
             return _fixed_call(builtin, adapter, arguments, positions, missing)
@@ -405,6 +504,245 @@ class CompiledConditions:
             return builtin(adapter, *values, **given)
 
         return call
+
+
+    def _broadcasts(self, argument: ValueFunction, general: ValueFunction) -> ValueFunction:
+        """`broadcasts(%u)`, read from the record of a wide op: asked once of the
+        adapter, whose answer lists every operand."""
+        table, adapter = self.table, self.evaluator.adapter
+        if getattr(adapter, "broadcast_operands", None) is None:
+            return general  # unknown, the builtin says
+        builtin = _BUILTINS["broadcasts"]
+
+        def broadcasts(env):
+            value = argument(env)
+            if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
+                return general(env)
+            if table.active:
+                op = adapter.producer(value)
+                record = table.records.get(op)
+                if record is not None:
+                    return Truth.of(table.broadcasting(record)[0])
+            return builtin(adapter, value)
+
+        return broadcasts
+
+
+# ---------------------------------------------------------------- quantifiers over a wide op's operands
+
+_CONSTANT = object()
+
+
+def _feature_rank(adapter, *arguments, **keywords):
+    return None if arguments or keywords else (("rank",), lambda value: _rank(adapter, value))
+
+
+def _feature_dim(adapter, *arguments, **keywords):
+    if len(arguments) != 1 or keywords:
+        return None
+    axis = arguments[0]
+    # Keyed by the axis's type too: True == 1 as a key, but `dim(x, true)` is unknown.
+    return ("dim", type(axis), axis), lambda value: _dim(adapter, value, axis)
+
+
+def _feature_aligned_dim(adapter, *arguments, **keywords):
+    if len(arguments) != 1 or set(keywords) != {"of"}:
+        return None
+    of = keywords["of"]
+    if of is ABSENT or of is UNKNOWN:
+        return _CONSTANT, UNKNOWN  # what the call gives for a missing value
+    if of is None or isinstance(of, (list, tuple, OperandsExcept)):
+        return None
+    offset = _aligned_offset(adapter, arguments[0], of)
+    if offset is None:
+        return _CONSTANT, UNKNOWN
+    # Only where the axis sits from the right matters: every anchor asking
+    # about that offset shares one summary.
+    return ("right_dim", offset), lambda value: _right_dim(adapter, value, offset)
+
+
+def _feature_of(name: str, function):
+    def feature(adapter, *arguments, **keywords):
+        if arguments or keywords:
+            return None
+        return (name,), lambda value: function(adapter, value)
+
+    return feature
+
+
+# builtin -> (adapter, the call's other arguments) -> (summary key, the feature of
+# an operand), or (_CONSTANT, the value every operand gets), or None (no
+# summary: loop). Only builtins that read a value's own type or producer,
+# which do not change during a run: a use count would.
+_FEATURES = {
+    "rank": _feature_rank,
+    "dim": _feature_dim,
+    "aligned_dim": _feature_aligned_dim,
+    "dtype": _feature_of("dtype", _dtype),
+    "is_const": _feature_of("is_const", _is_const),
+    "op_type": _feature_of("op_type", _op_type),
+}
+
+
+def _feature_call(expr, variable: str) -> bool:
+    """`f(x, ...)` of a summarized builtin, x the quantified variable, and nothing else reading x."""
+    return (
+        type(expr) is ast.Call
+        and expr.function in _FEATURES
+        and bool(expr.arguments)
+        and type(expr.arguments[0]) is ast.NameRef
+        and expr.arguments[0].name == variable
+        and not any(_mentions(argument, variable) for argument in expr.arguments[1:])
+        and not any(_mentions(argument, variable) for _, argument in expr.keywords)
+    )
+
+
+def _mentions(expr, name: str) -> bool:
+    return any(type(node) is ast.NameRef and node.name == name for node in ast.walk(expr))
+
+
+def _comparison(operator: str, feature_left: bool):
+    """The compiled comparison's verdict, the feature on its side."""
+    if operator == "==":
+        return lambda feature, other: _equal(feature, other)
+    if operator == "!=":
+        return lambda feature, other: ~_equal(feature, other)
+    if feature_left:
+        return lambda feature, other: order(operator, feature, other)
+    return lambda feature, other: order(operator, other, feature)
+
+
+def _looked_up(value) -> bool:
+    """Whether `==` with `value` is YES exactly for the dictionary keys equal to it."""
+    kind = type(value)
+    if kind is int or kind is bool or kind is str or kind is Symbol:
+        return True
+    return kind is float and value == value
+
+
+def _tally(summary: Counts, excluded, total: int, rhs, operator: str, compare) -> tuple[int, int, int]:
+    """How many of the view's operands make the comparison yes, unknown and no."""
+    counts = summary.counts
+    if operator in ("==", "!=") and (rhs is UNKNOWN or _looked_up(rhs)):
+        if rhs is UNKNOWN:
+            yes, maybe, no = 0, total, 0  # equal to nothing known
+        else:
+            hit = counts.get(rhs, 0)
+            if hit and (excluded is rhs or excluded == rhs):
+                hit -= 1
+            if type(rhs) is Symbol:
+                yes, maybe, no = hit, total - hit, 0  # another symbol, a number, an unknown: unknown
+            else:
+                vague = summary.vague - (1 if type(excluded) is Symbol or excluded is UNKNOWN else 0)
+                yes, maybe, no = hit, vague, total - hit - vague
+        return (no, maybe, yes) if operator == "!=" else (yes, maybe, no)
+    # Any other comparison: once per distinct value of the feature.
+    yes = maybe = no = 0
+    skipped = False
+    for key, count in counts.items():
+        if not skipped and (key is excluded or key == excluded):
+            count -= 1
+            skipped = True
+        if count <= 0:
+            continue
+        truth = compare(key, rhs)
+        if truth is YES:
+            yes += count
+        elif truth is NO:
+            no += count
+        else:
+            maybe += count
+    return yes, maybe, no
+
+
+def _verdict(forall: bool, yes: int, maybe: int, no: int) -> Truth:
+    """Kleene's `and` (forall) or `or` (exists) of that many yes, unknown and no."""
+    if forall:
+        return NO if no else (MAYBE if maybe else YES)
+    return YES if yes else (MAYBE if maybe else NO)
+
+
+def lazy_rests(rules) -> frozenset[int]:
+    """The rest operands (by id of their pattern) that may bind a view of a wide op's operands.
+
+    Those of `where` patterns whose variable the rule binds once and reads
+    only as a quantifier's or comprehension's domain, or with `len`: what
+    reads a view as it reads the tuple. A rest the rewrite builds with, or
+    compares, or binds twice, keeps its tuple.
+    """
+    found: set[int] = set()
+    for rule in rules:
+        rests: dict[str, list] = {}
+        binds: dict[str, int] = {}
+        for pattern in _patterns(rule):
+            for operand, node in _operands(pattern):
+                if type(node) is ast.Bind:
+                    binds[node.var] = binds.get(node.var, 0) + 1
+                    if operand.rest and node.producer is None:
+                        rests.setdefault(node.var, []).append(node)
+        if not rests:
+            continue
+        unsafe: set[str] = set()
+        for condition in rule.conditions:
+            _reads(condition.expr, unsafe, safe=False)
+        for action in rule.actions:
+            _reads(action, unsafe, safe=False)
+        for clause in rule.matches:
+            unsafe.add(clause.var)
+        for var, nodes in rests.items():
+            if binds.get(var) == 1 and var not in unsafe:
+                found.update(id(node) for node in nodes)
+    return frozenset(found)
+
+
+def _patterns(rule):
+    """Every op pattern of a rule: its match clauses' and those of its conditions."""
+    pending = [clause.pattern for clause in rule.matches]
+    pending += [node.pattern for condition in rule.conditions for node in ast.walk(condition.expr)
+                if type(node) is ast.Matches]
+    while pending:
+        pattern = pending.pop()
+        yield pattern
+        for operand in pattern.operands:
+            node = operand.pattern
+            inner = node if type(node) is ast.OpPattern else getattr(node, "producer", None)
+            if inner is not None:
+                pending.append(inner)
+
+
+def _operands(pattern: ast.OpPattern):
+    for operand in pattern.operands:
+        yield operand, operand.pattern
+
+
+def _reads(node, unsafe: set[str], safe: bool) -> None:
+    """Add to `unsafe` every variable `node` reads other than as a domain (or `len`'s argument)."""
+    kind = type(node)
+    if kind is ast.ValueRef:
+        if not safe:
+            unsafe.add(node.var)
+        return
+    if kind is ast.Quantifier or kind is ast.Comprehension:
+        _reads(node.domain, unsafe, safe=True)
+        for name in ("filter", "body", "item", "keep"):
+            if hasattr(node, name):
+                _reads(getattr(node, name), unsafe, safe=False)
+        return
+    if kind is ast.Call and node.function == "len" and len(node.arguments) == 1 and not node.keywords:
+        _reads(node.arguments[0], unsafe, safe=True)
+        return
+    if isinstance(node, tuple):
+        for item in node:
+            _reads(item, unsafe, safe=False)
+        return
+    if not hasattr(node, "__dataclass_fields__") or isinstance(node, (ast.Span, ast.OpPattern)):
+        return
+    for name in node.__dataclass_fields__:
+        item = getattr(node, name)
+        if name in ("var", "of", "target", "within") and isinstance(item, str) and kind is not ast.Bind:
+            unsafe.add(item)  # `is %v`, `every use of %v`, `%v -> ...`, `in %v`, a rebuild of %v
+        elif name != "span":
+            _reads(item, unsafe, safe=False)
 
 
 def _fixed_call(builtin, adapter, arguments: list, positions: tuple, missing) -> ValueFunction:

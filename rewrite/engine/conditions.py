@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from rewrite.engine.interfaces import Adapter
+from rewrite.engine.interfaces import Adapter, use_counter
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
+from rewrite.engine.operands import OperandsExcept
 from rewrite.language import ast
 from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Type
 from rewrite.predicates import Predicate, PredicateContext
@@ -63,8 +64,9 @@ def _has_binding(expr) -> bool:
 
 def domain_list(domain) -> list | None:
     """What a quantifier or comprehension ranges over: a list, or the tuple of
-    operands a rest operand bound; None when it is not known."""
-    if isinstance(domain, tuple):
+    operands a rest operand bound (a tuple, or a view of a wide op's); None when
+    it is not known."""
+    if isinstance(domain, (tuple, OperandsExcept)):
         return list(domain)
     return domain if isinstance(domain, list) else None
 
@@ -329,7 +331,7 @@ class Evaluator:
             return Truth.NO
         matched = set()
         for bound in env.values():
-            if bound is None or bound is ABSENT or isinstance(bound, (list, tuple, str, int, float)):
+            if bound is None or bound is ABSENT or isinstance(bound, (list, tuple, str, int, float, OperandsExcept)):
                 continue
             try:
                 op = self.adapter.producer(bound)
@@ -337,6 +339,10 @@ class Evaluator:
                 continue
             if op is not None:
                 matched.add(op)
+        # More consumers than bound ops: some consumer is not one of them, and
+        # a value used by every layer is not listed to find that out.
+        if use_counter(self.adapter)(value, len(matched) + 1) > len(matched):
+            return Truth.NO
         return Truth.of(all(consumer in matched for consumer in self.adapter.consumers(value)))
 
     def _index_expr(self, expr: ast.Index, env: Environment):
@@ -534,17 +540,31 @@ def _axes(adapter, value):
 
 
 def _aligned_dim(adapter, value, axis, of):
-    shape, reference = _shape(adapter, value), _shape(adapter, of)
+    offset = _aligned_offset(adapter, axis, of)
+    return UNKNOWN if offset is None else _right_dim(adapter, value, offset)
+
+
+def _aligned_offset(adapter, axis, of) -> int | None:
+    """Where `axis` of `of` is counted from the right (1 for the last axis);
+    None when `of`'s rank is unknown or it has no such axis."""
+    reference = _shape(adapter, of)
     if reference is None:
         reference = _proven(adapter, of, reference)
+    if reference is None:
+        return None
+    index = _axis(axis, len(reference))
+    return None if index is None else len(reference) - index
+
+
+def _right_dim(adapter, value, offset: int):
+    """The dim of `value` `offset` axes from the right (1 beyond its rank): its
+    dim aligned, numpy's way, with an axis that far from the right of another value."""
+    shape = _shape(adapter, value)
     if shape is None:
         shape = _proven(adapter, value, shape)
-    if shape is None or reference is None:
+    if shape is None:
         return UNKNOWN
-    index = _axis(axis, len(reference))
-    if index is None:
-        return UNKNOWN
-    position = index - len(reference) + len(shape)
+    position = len(shape) - offset
     if position < 0:
         return 1
     if not is_literal(shape[position]):
@@ -589,11 +609,12 @@ def _dtype(adapter, value):
 
 
 def _use_count(adapter, value):
-    return len(adapter.consumers(value))
+    return use_counter(adapter)(value)
 
 
 def _one_use(adapter, value):
-    return Truth.of(len(adapter.consumers(value)) == 1 and not adapter.is_block_output(value))
+    # Counted up to 2: a value every layer reads is not listed to say it has more than one use.
+    return Truth.of(use_counter(adapter)(value, 2) == 1 and not adapter.is_block_output(value))
 
 
 def _block_output(adapter, value):
@@ -759,7 +780,7 @@ def _represents(adapter, wide, narrow):
 
 
 def _len(adapter, items):
-    return len(items) if isinstance(items, (list, tuple)) else UNKNOWN
+    return len(items) if isinstance(items, (list, tuple, OperandsExcept)) else UNKNOWN
 
 
 def _range(adapter, stop):
@@ -876,6 +897,7 @@ def _scaling_chain(adapter, value):
     Each step below the top must have no other use, so the chain can fold away.
     """
     scaling = getattr(adapter, "scaling", None)
+    count_uses = use_counter(adapter)
     factor = 1.0
     current = value
     while scaling is not None:
@@ -883,7 +905,7 @@ def _scaling_chain(adapter, value):
         step = scaling(op) if op is not None else None
         if step is None:
             break
-        if current is not value and (len(adapter.consumers(current)) != 1 or adapter.is_block_output(current)):
+        if current is not value and (count_uses(current, 2) != 1 or adapter.is_block_output(current)):
             break
         current, by = step
         factor *= by

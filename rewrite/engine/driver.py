@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rewrite.engine.compiled import CompiledConditions
+from rewrite.engine.compiled import CompiledConditions, lazy_rests
 from rewrite.engine.conditions import Evaluator, Failure
 from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
+from rewrite.engine.operands import OperandTable
 from rewrite.engine.rewriter import Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.language import ast
 from rewrite.predicates import Predicate
@@ -154,8 +155,11 @@ class Driver:
         self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
         self.matcher = Matcher(adapter)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
-        self.compiled = CompiledConditions(self.evaluator)
-        self.rewriter = Rewriter(adapter, self.evaluator)
+        # Summaries of the operands of wide ops (a Sum of thousands), shared by
+        # every anchor that asks about one; kept only while `run` edits the graph.
+        self.operand_table = OperandTable(adapter)
+        self.compiled = CompiledConditions(self.evaluator, self.operand_table, lazy_rests(rules))
+        self.rewriter = Rewriter(adapter, self.evaluator, self.operand_table)
         self.statistics = Statistics({rule.name: RuleStatistics(rule.name) for rule in rules})
         self._conditions = {rule.name: [c.expr for c in rule.conditions] for rule in rules}
         ordered = sorted(enumerate(rules), key=lambda item: (-item[1].benefit, item[0]))
@@ -169,6 +173,7 @@ class Driver:
         count_ops = self._count_ops
         if count_ops is not None:
             self.statistics.ops_before = count_ops()
+        self.operand_table.start()
         try:
             for _ in range(self.max_sweeps):
                 self.statistics.sweeps += 1
@@ -184,6 +189,7 @@ class Driver:
                     return self.statistics
             raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
         finally:
+            self.operand_table.stop()
             self.adapter.finish()
             if count_ops is not None:
                 self.statistics.ops_after = count_ops()
@@ -242,7 +248,7 @@ class Driver:
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
-                remove_dead(self.adapter, refused.built)
+                remove_dead(self.adapter, refused.built, self.operand_table)
                 self.refusals.append((rule.name, anchor, refused.refusal))
                 if isinstance(refused.refusal, (Unevaluable, Unavailable)):
                     # The rule's own rewrite says "not here", as a condition
@@ -256,7 +262,7 @@ class Driver:
                         rule.name, f"the shape guard refused it: {refused.refusal}"
                     ) from None
                 return False
-            self.statistics.removed_ops += remove_dead(self.adapter, touched)
+            self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table)
             statistics.fires += 1
             return True
         finally:

@@ -21,7 +21,12 @@ Three ways to prove it, cheapest first:
    (`output_types_with`), and they are provably the old ones.
 
 Only the ops a rewrite touches are looked at: the cost is that of the
-rewrite, never of the graph.
+rewrite, never of the graph. For a consumer with thousands of operands (one
+`Sum` of every layer's output) the second proof reads the operands' shapes
+summed up in the consumer's record (`operands.Shapes`: the ranks, and per
+axis from the right how many operands have each dim), built once per run and
+kept up to date with each edit, so that one operand changed costs the
+consumer's rank, not its width.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 from rewrite.engine.interfaces import Adapter, Op, Value
 from rewrite.engine.logic import UNKNOWN, Truth, equal
+from rewrite.engine.operands import OperandTable, Record, Shapes
 
 Shape = tuple | None
 
@@ -51,8 +57,9 @@ class Refusal:
 class ShapeGuard:
     """Proves, before a rewrite, that the types its consumers produce are unchanged."""
 
-    def __init__(self, adapter: Adapter):
+    def __init__(self, adapter: Adapter, table: OperandTable | None = None):
         self.adapter = adapter
+        self.table = table
         self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
         self._output_types_with = getattr(adapter, "output_types_with", None)
         self._proven = getattr(adapter, "proven_shape", None)
@@ -103,9 +110,14 @@ class ShapeGuard:
         name = adapter.op_name(consumer)
         if adapter.dtype(old) is None or adapter.dtype(old) != adapter.dtype(new):
             return Refusal(name, f"dtype {_name(adapter.dtype(old))} would become {_name(adapter.dtype(new))}")
-        broadcasting = self._broadcast_operands(consumer) if self._broadcast_operands is not None else None
         first_refusal = None
-        if broadcasting is not None and any(operand == old for operand in broadcasting):
+        record, broadcasting = self._wide(consumer)
+        if record is not None:
+            if record.count(old):
+                first_refusal = self._wide_keeps_output(consumer, record, old, new)
+                if first_refusal is None:
+                    return None
+        elif broadcasting is not None and any(operand == old for operand in broadcasting):
             first_refusal = self._broadcast_keeps_output(consumer, broadcasting, old, new)
             if first_refusal is None:
                 return None
@@ -153,6 +165,64 @@ class ShapeGuard:
                                  f"would become {new_dim})", axis)
         return None
 
+    def _wide(self, consumer: Op) -> tuple[Record | None, Sequence[Value] | None]:
+        """The record of a wide consumer every operand of which broadcasts; else
+        (None, the operands that broadcast, or None if none does)."""
+        listing = self._broadcast_operands
+        if listing is None:
+            return None, None
+        table = self.table
+        if table is None or not table.active:
+            return None, listing(consumer)
+        record = table.records.get(consumer)
+        broadcasting = None
+        if record is None:
+            broadcasting = listing(consumer)
+            if broadcasting is None or len(broadcasting) <= table.wide:
+                return None, broadcasting
+            record = table.record(consumer)
+            if record is None:
+                return None, broadcasting
+        if table.broadcasting(record)[1]:
+            return record, None
+        return None, broadcasting if broadcasting is not None else listing(consumer)
+
+    def _wide_keeps_output(self, consumer: Op, record: Record, old: Value, new: Value) -> Refusal | None:
+        """`_broadcast_keeps_output` from the consumer's summary of its operands' shapes:
+        the same verdict, at the cost of its rank and its number of distinct ranks."""
+        proving = self._proving
+        summary = record.summary(("shapes", proving), lambda: Shapes(lambda value: self._shape_as(value, proving)))
+        if summary is None:  # a dim that cannot be counted: the general way
+            return self._broadcast_keeps_output(consumer, self._broadcast_operands(consumer), old, new)
+        adapter = self.adapter
+        name = adapter.op_name(consumer)
+        outputs = adapter.outputs(consumer)
+        result = self._shape(outputs[0]) if outputs else None
+        times = record.count(old)
+        old_shape, new_shape = summary.of[old], self._shape(new)
+        if result is None or old_shape is None or new_shape is None or summary.unknown:
+            return Refusal(name, "a rank is unknown")
+        rank = len(result)
+        other_rank = summary.max_rank(old_shape, times)
+        new_rank = len(new_shape) if other_rank is None else max(len(new_shape), other_rank)
+        if new_rank != rank:
+            return Refusal(name, f"its output rank {rank} would become {new_rank}")
+        for axis in range(rank):
+            out_dim, offset = result[axis], rank - axis
+            old_dim, new_dim = _aligned(old_shape, axis, rank), _aligned(new_shape, axis, rank)
+            if equal(new_dim, old_dim) is Truth.YES or equal(new_dim, out_dim) is Truth.YES:
+                continue
+            if equal(new_dim, 1) is Truth.YES and (
+                summary.aligned_count(offset, old_dim, old_shape, times)
+                or summary.aligned_count(offset, out_dim, old_shape, times)
+            ):
+                continue
+            if equal(old_dim, 1) is Truth.YES and summary.aligned_count(offset, new_dim, old_shape, times):
+                continue
+            return Refusal(name, f"its output dim {out_dim} is not proved to stay (operand dim {old_dim} "
+                                 f"would become {new_dim})", axis)
+        return None
+
     def _outputs_equal(self, consumer: Op, inferred) -> Refusal | None:
         adapter = self.adapter
         name = adapter.op_name(consumer)
@@ -168,6 +238,13 @@ class ShapeGuard:
     def _shape(self, value: Value) -> Shape:
         shape = self.adapter.shape(value)
         if self._proving and shape is not None and any(not isinstance(d, int) for d in shape):
+            shape = self._proven(value)
+        return None if shape is None else tuple(shape)
+
+    def _shape_as(self, value: Value, proving: bool) -> Shape:
+        """`_shape` as it reads with `_proving` set to `proving`."""
+        shape = self.adapter.shape(value)
+        if proving and shape is not None and any(not isinstance(d, int) for d in shape):
             shape = self._proven(value)
         return None if shape is None else tuple(shape)
 

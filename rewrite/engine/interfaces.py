@@ -143,6 +143,14 @@ class Adapter(Protocol):
         of every output of every op it visits, and a value one attention mask
         or `Shape` makes can have thousands of consumers (see `uses_checker`)."""
 
+    def use_count(self, value: Value, limit: int | None = None) -> int:
+        """Optional. How many distinct ops take `value` as an operand, what
+        `len(consumers(value))` says, without listing them; with `limit`, counted
+        no further (the answer is then at most `limit`). O(1), or at most
+        O(limit): `one_use` asks it of values a whole model reads, and
+        `internal` asks whether there are more consumers than bound ops
+        (see `use_counter`)."""
+
     def shape(self, value: Value) -> tuple[Dim, ...] | None:
         """The dims of `value`; None when its rank is unknown."""
 
@@ -178,6 +186,12 @@ class Adapter(Protocol):
 
         Operands are values of this program or plain Python/numpy constants.
         """
+
+    def rebuild(self, op: Op, changes: dict[str, Any], before: Op, name: str) -> Value:
+        """Optional. A copy of `op` with the operands (and attributes) in `changes`
+        replaced, inserted before `before`; its first output. Without it the
+        engine builds the op's type from its operands, which is enough for an
+        IR whose attributes are operands (MIL)."""
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
         """Redirect every use of `old` (ops and block outputs) to `new`.
@@ -217,6 +231,23 @@ def uses_checker(adapter: Adapter) -> Callable[[Value], bool]:
         return has_uses
     consumers, is_block_output = adapter.consumers, adapter.is_block_output
     return lambda value: bool(consumers(value)) or is_block_output(value)
+
+
+def use_counter(adapter: Adapter) -> Callable[..., int]:
+    """`adapter.use_count`, or the same answer from `consumers` for an adapter without it.
+
+    The fallback lists the consumers, so it costs as many as the value has.
+    """
+    use_count = getattr(adapter, "use_count", None)
+    if use_count is not None:
+        return use_count
+    consumers = adapter.consumers
+
+    def count(value: Value, limit: int | None = None) -> int:
+        found = len(consumers(value))
+        return found if limit is None else min(found, limit)
+
+    return count
 
 
 # ---------------------------------------------------------------- helpers for adapters

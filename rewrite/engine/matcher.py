@@ -20,6 +20,7 @@ from itertools import permutations
 from typing import Any
 
 from rewrite.engine.interfaces import Adapter, Op, Value
+from rewrite.engine.operands import OperandsExcept, OperandTable
 from rewrite.language import ast
 
 Environment = dict
@@ -110,10 +111,19 @@ class _Trace:
 
 
 class Matcher:
-    """Matches patterns of one dialect through an adapter."""
+    """Matches patterns of one dialect through an adapter.
 
-    def __init__(self, adapter: Adapter):
+    With an `OperandTable` (the driver's, while it runs), an op with more
+    operands than `operands.WIDE` is matched through its record: the positions
+    of a bound value are looked up, not searched for, and a rest operand whose
+    pattern is in `lazy_rests` (by id) binds an `OperandsExcept` view instead
+    of a copy of the other operands. Either way the bindings mean the same.
+    """
+
+    def __init__(self, adapter: Adapter, table: OperandTable | None = None, lazy_rests: frozenset[int] = frozenset()):
         self.adapter = adapter
+        self.table = table
+        self.lazy_rests = lazy_rests
         # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
         # split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
@@ -188,9 +198,20 @@ class Matcher:
             yield from self._match_named(rest, op, extended)
 
     def _match_positional(self, pattern: ast.OpPattern, op: Op, env: Environment):
-        values = list(self.adapter.operands(op))
         _, _, patterns, rest = self._split(pattern)
         trace = self._trace
+        table = self.table
+        if table is not None and trace is None and table.active:
+            record = table.records.get(op)
+            if record is None:
+                values = list(self.adapter.operands(op))
+                if len(values) > table.wide:
+                    record = table.make(op, values)
+            if record is not None:
+                yield from self._match_wide(pattern, record, patterns, rest, env)
+                return
+        else:
+            values = list(self.adapter.operands(op))
         if len(patterns) > len(values) or (rest is None and len(patterns) != len(values)):
             if trace is not None:
                 wanted = f"{'at least ' if rest is not None else ''}{len(patterns)}"
@@ -229,6 +250,47 @@ class Matcher:
                     trace.slots[id(operand.pattern)] = f"#{position}"
                 if rest is not None:
                     trace.slots[id(rest.pattern)] = "rest"
+            for extended in self._match_sequence(patterns, [values[i] for i in order], env):
+                if rest is None:
+                    yield extended
+                else:
+                    yield from self.match_value(rest.pattern, remaining, extended)
+
+    def _match_wide(self, pattern: ast.OpPattern, record, patterns, rest, env: Environment):
+        """`_match_positional` over a wide op's record: the same environments, in the same order."""
+        values = record.values
+        if len(patterns) > len(values) or (rest is None and len(patterns) != len(values)):
+            return
+        if len(patterns) == 1 and _is_bound(patterns[0].pattern, env):
+            bound = env[patterns[0].pattern.var]
+            if isinstance(bound, (tuple, OperandsExcept)) or bound is ABSENT:
+                return  # no operand is a tuple or absent
+            if pattern.any_order:
+                try:
+                    positions = sorted(record.positions.get(bound, ()))
+                except TypeError:  # unhashable: no operand
+                    positions = []
+            else:
+                positions = [0] if _same(bound, values[0]) else []
+            lazy = rest is not None and id(rest.pattern) in self.lazy_rests
+            for position in positions:
+                if rest is None:
+                    yield env
+                elif lazy:
+                    yield from self.match_value(rest.pattern, OperandsExcept(record, position), env)
+                else:
+                    remaining = tuple(values[:position]) + tuple(values[position + 1:])
+                    yield from self.match_value(rest.pattern, remaining, env)
+            return
+        # Other shapes of pattern take the general way, over a copy.
+        values = list(values)
+        if pattern.any_order:
+            orders = permutations(range(len(values)), len(patterns))
+        else:
+            orders = [tuple(range(len(patterns)))]
+        for order in orders:
+            taken = set(order)
+            remaining = tuple(v for i, v in enumerate(values) if i not in taken)
             for extended in self._match_sequence(patterns, [values[i] for i in order], env):
                 if rest is None:
                     yield extended

@@ -12,6 +12,7 @@ from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Op, Value, uses_checker
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import ABSENT, Environment
+from rewrite.engine.operands import OperandTable
 from rewrite.language import ast
 
 
@@ -154,10 +155,12 @@ class Rewriter:
     constant holding NaN): that rewrite does not happen either.
     """
 
-    def __init__(self, adapter: Adapter, evaluator: Evaluator):
+    def __init__(self, adapter: Adapter, evaluator: Evaluator, table: OperandTable | None = None):
         self.adapter = adapter
         self.evaluator = evaluator
-        self.guard = ShapeGuard(adapter)
+        # The records of wide ops, told of every edit before it is made.
+        self.table = table
+        self.guard = ShapeGuard(adapter, table)
         self._serial = itertools.count()
         self._op_available = getattr(adapter, "op_available", None)
         self._available: dict[str, bool] = {}  # by op type: the target does not change during a run
@@ -228,13 +231,17 @@ class Rewriter:
         return replacements
 
     def _replace(self, replacements: list, anchor: Op, built: list[Op]) -> list[Op]:
-        adapter = self.adapter
+        adapter, table = self.adapter, self.table
         touched: list[Op] = [anchor, *built]
         for old, new, within in replacements:
             if within is not None:
+                if table is not None and table.records:
+                    table.replacing_operand(within, old, new)
                 adapter.replace_operand(within, old, new)
                 continue
             producer = adapter.producer(old)
+            if table is not None and table.records:
+                table.replacing_all(old, new)
             adapter.replace_all_uses(old, new)
             if producer is not None:
                 touched.append(producer)
@@ -258,6 +265,10 @@ class Rewriter:
 
     def _rebuild(self, rule, rebuild: ast.Rebuild, env, anchor):
         op = self.adapter.producer(env[rebuild.var])
+        copy = getattr(self.adapter, "rebuild", None)
+        if copy is not None:
+            # An IR whose ops carry attributes besides operands copies the op itself.
+            return copy(op, self._arguments(rebuild.arguments, env), anchor, self._name(rule))
         operands = {}
         for name in self.adapter.operand_names(op):
             operands[name] = self.adapter.operand(op, name)
@@ -265,7 +276,7 @@ class Rewriter:
         return self.adapter.build(self.adapter.op_type(op), operands, anchor, self._name(rule))
 
 
-def remove_dead(adapter: Adapter, candidates: Sequence[Op]) -> int:
+def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None) -> int:
     """Remove each candidate no longer used, then its producers in turn.
 
     Only ops reachable backwards from what a rewrite touched are visited, so
@@ -274,7 +285,8 @@ def remove_dead(adapter: Adapter, candidates: Sequence[Op]) -> int:
     by listing their consumers: a value shared by every layer (one mask, one
     `Shape`) is visited once per removed consumer, and listing its thousands
     of uses each time made a run quadratic. Returns the ops removed, those of
-    a removed op's nested blocks included.
+    a removed op's nested blocks included. `table`, the run's records of wide
+    ops, is told of each removal.
     """
     has_uses = uses_checker(adapter)
     removed = 0
@@ -296,6 +308,10 @@ def remove_dead(adapter: Adapter, candidates: Sequence[Op]) -> int:
             operands.extend(adapter.operands(inner_op))
         for block in nested:
             operands.extend(adapter.block_outputs(block))
+        if table is not None and table.records:
+            table.removing(op)
+            for inner_op in inner:
+                table.removing(inner_op)
         adapter.remove_op(op)
         removed += 1 + len(inner)
         for value in operands:

@@ -17,6 +17,8 @@ from coremltools.converters.mil.mil import get_new_symbol
 import rewrite
 from rewrite.backends.mil import MilAdapter, ct, mb
 from rewrite.backends.mil.reference import evaluate
+from rewrite.engine.conditions import _one_use, _use_count
+from rewrite.engine.logic import Truth
 
 HIDDEN = 8
 BATCHES = (2, 5)
@@ -174,3 +176,20 @@ def test_has_uses_needs_no_consumer_list():
     with block:
         lone = mb.const(val=np.zeros((1,), dtype=np.float32), before_op=block.operations[0])
     assert not adapter.has_uses(lone)
+
+
+def test_one_use_counts_no_further_than_two():
+    # The mean feeds 300 tiles; one_use is asked of it without listing them.
+    program = fan_out(300)
+    adapter = MilAdapter(program)
+    block = program.functions["main"]
+    mean = next(op for op in block.operations if op.op_type == "reduce_mean").outputs[0]
+    tile = next(op for op in block.operations if op.op_type == "tile")
+    assert adapter.use_count(mean) == len(adapter.consumers(mean)) == 300
+    assert adapter.use_count(mean, 2) == 2
+    assert _one_use(adapter, mean) is Truth.NO and _use_count(adapter, mean) == 300
+    assert _one_use(adapter, tile.outputs[0]) is Truth.YES  # its one mul
+    with block:
+        # An op that reads a value twice is one use.
+        twice = mb.add(x=tile.outputs[0], y=tile.outputs[0], before_op=block.operations[-1])
+    assert adapter.use_count(tile.outputs[0]) == 2 and adapter.use_count(twice.op.inputs["x"], 1) == 1

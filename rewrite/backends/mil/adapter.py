@@ -261,6 +261,19 @@ class MilAdapter:
         # reduce_mean feeds to every layer has thousands of them.
         return bool(value.child_ops) or bool(value.consuming_blocks)
 
+    def use_count(self, value: Var, limit: int | None = None) -> int:
+        """How many distinct ops use `value`, counted no further than `limit`:
+        `one_use` asks up to 2 of a value that may feed every layer."""
+        children = value.child_ops
+        if len(children) < 2:
+            return len(children)
+        seen: set[int] = set()
+        for op in children:
+            seen.add(id(op))
+            if limit is not None and len(seen) >= limit:
+                break
+        return len(seen) if limit is None else min(len(seen), limit)
+
     def shape(self, value: Var):
         inferred = _shape_of_type(value.sym_type)
         op = value.op

@@ -98,8 +98,8 @@ class Value:
     """A name defined in one graph: a graph input, an initializer or a node output."""
 
     __slots__ = (
-        "name", "graph", "producer", "uses", "stale", "detached", "output_of", "initializer", "shape", "dtype",
-        "contents", "_constant",
+        "name", "graph", "producer", "uses", "stale", "detached", "readers", "output_of", "initializer", "shape",
+        "dtype", "contents", "_constant",
     )
 
     def __init__(self, name: str, graph: Graph, producer: Node | None = None):
@@ -117,6 +117,9 @@ class Value:
         # operand replaced in one consumer), with how many of their entries in
         # `uses` are stale; None when there are none.
         self.detached: dict[Node, int] | None = None
+        # How many distinct live nodes read the value: counted the first time
+        # `use_count` asks, kept up to date by every edit from then on; None before.
+        self.readers: int | None = None
         self.output_of: tuple[Graph, ...] = ()  # graphs (this one or nested ones) that output it
         self.initializer: onnx.TensorProto | None = None
         self.shape: tuple | None = None
@@ -404,6 +407,12 @@ class OnnxAdapter:
         """Whether a live node uses `value` or a graph outputs it: O(1) (see `Value.stale`)."""
         return len(value.uses) > value.stale or bool(value.output_of)
 
+    def use_count(self, value: Value, limit: int | None = None) -> int:
+        """How many distinct live nodes use `value`: counted once, then kept (see `Value.readers`)."""
+        if value.readers is None:
+            value.readers = len(_live_uses(value))
+        return value.readers if limit is None else min(value.readers, limit)
+
     def is_block_output(self, value: Value) -> bool:
         return _is_output(value)
 
@@ -442,7 +451,8 @@ class OnnxAdapter:
         """The node whose shape inference (`onnx_shapes`) lost dim `axis` of `value`.
 
         Followed through the axes the inference rules map (elementwise,
-        broadcasting, Concat, Transpose); None when an input was declared so.
+        broadcasting, Concat, Transpose, Slice, Tile, Expand, Gather); None
+        when an input was declared so.
         """
         return follow_unknown_dim(self, value, axis, onnx_shapes.carried_axes)
 
@@ -528,6 +538,36 @@ class OnnxAdapter:
         proto = helper.make_node(op_type, inputs, [output], name=self._fresh_name(name), **attributes)
         return self._insert(proto, graph, before).outputs[0]
 
+    def rebuild(self, op: Node, changes: dict[str, Any], before: Node, name: str) -> Value:
+        """A copy of `op`, attributes and all, with the operands and attributes named in `changes`
+        replaced; returns its first output. (Building from operands alone would drop the
+        attributes: a Transpose rebuilt without its perm reverses the axes.)"""
+        schema = schema_at(op.proto.op_type, self.opset, op.proto.domain)
+        if schema is None:
+            raise OnnxError(f"operator '{op.proto.op_type}' does not exist at opset {self.opset}")
+        index = self._input_index(op)
+        inputs = list(op.proto.input)
+        attributes = {a.name: a for a in op.proto.attribute}
+        for key, operand in changes.items():
+            where = index.get(key)
+            if where is None:
+                if key not in schema.attributes:
+                    raise OnnxError(f"operator '{op.proto.op_type}' has no input or attribute '{key}'")
+                attributes[key] = helper.make_attribute(key, operand)
+            elif isinstance(where, slice):
+                operands = operand if isinstance(operand, tuple) else (operand,)
+                inputs[where] = [self._as_value(v, before, name).name for v in operands]
+            else:
+                inputs.extend([""] * (where + 1 - len(inputs)))
+                inputs[where] = "" if operand is None else self._as_value(operand, before, name).name
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        outputs = [self._fresh_name(name) if output else "" for output in op.proto.output]
+        proto = helper.make_node(op.proto.op_type, inputs, outputs, name=self._fresh_name(name),
+                                 domain=op.proto.domain or None)
+        proto.attribute.extend(attributes.values())
+        return self._insert(proto, before.graph, before).outputs[0]
+
     def _as_value(self, operand, before: Node, name: str) -> Value:
         if isinstance(operand, Value):
             return operand
@@ -544,6 +584,8 @@ class OnnxAdapter:
         for value in node.inputs:
             if value is not None:
                 value.uses.append(node)
+        for value in {id(v): v for v in node.inputs if v is not None and v.readers is not None}.values():
+            value.readers += 1
         node.outputs = tuple(self._define(graph, output, node) for output in proto.output)
         graph.inserted.setdefault(id(before), []).append(node)
         graph.added.append(node)
@@ -556,22 +598,32 @@ class OnnxAdapter:
             return
         uses = new.uses
         for node in _live_uses(old):
+            counted = new.readers is not None and not _reads(node, new)
             # One entry per position, as indexing makes them.
             uses.extend(itertools.repeat(node, _substitute(node, old, new)))
+            if counted:
+                new.readers += 1
         old.uses = []
         old.stale = 0
         old.detached = None
+        if old.readers is not None:
+            old.readers = 0
         if _is_output(old):
             self._replace_output(old, new)
 
     def replace_operand(self, op: Node, old: Value, new: Value) -> None:
         if old is new:
             return
+        counted = new.readers is not None and not _reads(op, new)
         count = _substitute(op, old, new)
         if not count:
             return
         _detach_use(old, op, count)
         new.uses.extend(itertools.repeat(op, count))
+        if old.readers is not None:
+            old.readers -= 1  # it read old wherever it did, and reads it nowhere now
+        if counted:
+            new.readers += 1
         op.graph.dirty = True
 
     def _replace_output(self, old: Value, new: Value) -> None:
@@ -609,6 +661,8 @@ class OnnxAdapter:
             node = Node(proto, graph)
             node.inputs = (new,)
             new.uses.append(node)
+            if new.readers is not None:
+                new.readers += 1
             node.outputs = (self._define(graph, name, node),)
             node.outputs[0].shape, node.outputs[0].dtype = new.shape, new.dtype
             graph.nodes.append(node)
@@ -651,9 +705,16 @@ class OnnxAdapter:
         while pending:
             node = pending.pop()
             node.live = False
+            counted = None
             for value in node.inputs:
                 if value is not None:
                     _drop_use(value, node)
+                    if value.readers is not None:
+                        if counted is None:
+                            counted = set()
+                        if id(value) not in counted:
+                            counted.add(id(value))
+                            value.readers -= 1
             for block in node.blocks:
                 for value in block.outputs:
                     if value is not None:
@@ -781,6 +842,13 @@ def _live_uses(value: Value) -> list[Node]:
     if len(uses) < 2:
         return list(uses)
     return list(dict.fromkeys(uses))
+
+
+def _reads(node: Node, value: Value) -> bool:
+    """Whether `node` reads `value` at some position."""
+    if node.positions is not None:
+        return value in node.positions
+    return any(input_value is value for input_value in node.inputs)
 
 
 def _drop_use(value: Value, node: Node) -> None:
