@@ -22,6 +22,7 @@ leave them; `constants_as_initializers=False` keeps them nodes).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from rewrite.api import RuleSet, load_rules, paused_garbage_collection
@@ -70,6 +71,12 @@ def _add(total: Statistics, run: Statistics) -> None:
         into.seconds += rule.seconds
 
 
+@functools.cache
+def _shipped_rules() -> RuleSet:
+    """The shipped ONNX rules, loaded once per process (a `RuleSet` is immutable)."""
+    return load_rules(dialects=["onnx"])
+
+
 def optimize(
     model,
     *,
@@ -87,7 +94,7 @@ def optimize(
     opset themselves. `apply_options` go to each run of the rules
     (`max_sweeps`, `check_types`, `progress`; see `RuleSet.apply`).
     """
-    rules = rules if rules is not None else load_rules(dialects=["onnx"])
+    rules = rules if rules is not None else _shipped_rules()
     with paused_garbage_collection():
         adapter = OnnxAdapter(model, onnx_files.base_dir_of(model))
         try:
