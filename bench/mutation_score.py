@@ -163,6 +163,20 @@ ARGUMENTS.update({
         "the fill cannot widen it",
     ("fold_scalar_into_zero_fill", "dtype(%a) == dtype(%zeros)"): "MIL's add takes operands of one dtype and "
         "gives it",
+    ("fuse_gelu_tanh", "one_use(unscaled(%cdf))"): "only %out is replaced; unscaled(%cdf), the add of 1 and the "
+        "tanh, stays for its other uses and computes what it did: the clause is about profit (no work duplicated)",
+    ("fuse_gelu_erf", "one_use(unscaled(%cdf))"): "only %out is replaced; unscaled(%cdf), the add or sub of 1 and "
+        "the erf, stays for its other uses and computes what it did: the clause is about profit (no work "
+        "duplicated)",
+    ("fuse_rmsnorm", "one_use(unscaled(%scaled))"): "only %out is replaced; unscaled(%scaled), the rsqrt, stays "
+        "for its other uses and computes what it did: the clause is about profit (no work duplicated)",
+    ("fuse_rmsnorm_rows", "one_use(unscaled(%scaled))"): "only %out is replaced; unscaled(%scaled), the rsqrt, "
+        "stays for its other uses and computes what it did: the clause is about profit (no work duplicated)",
+    ("remove_nonnegative_index_guard", "rank(%floor) == 0"): "for a floor of rank >= 1 const(%floor) is a list, "
+        "and lower_bound(%i) >= const(%floor) (a number against a list) is unknown, so nothing fires",
+    ("remove_nonnegative_index_guard", "shape(%out) == shape(%i)"): GUARD + " (the condition holds everywhere, "
+        "so select reads i wherever it broadcasts to)",
+    ("remove_nonnegative_index_guard", "dtype(%out) == dtype(%i)"): "a select's output has its a's dtype",
 })
 
 # rules/mil/attention.rules
