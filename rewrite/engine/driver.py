@@ -21,7 +21,7 @@ from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from rewrite.engine.operands import OperandTable
-from rewrite.engine.rewriter import Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
+from rewrite.engine.rewriter import BuildFailed, Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.language import ast
 from rewrite.predicates import Predicate
 
@@ -258,9 +258,9 @@ class Driver:
                     return False
                 statistics.refused += 1
                 if self.check_types:
-                    raise UnsoundRewriteError(
-                        rule.name, f"the shape guard refused it: {refused.refusal}"
-                    ) from None
+                    why = refused.refusal if isinstance(refused.refusal, BuildFailed) else (
+                        f"the shape guard refused it: {refused.refusal}")
+                    raise UnsoundRewriteError(rule.name, str(why)) from None
                 return False
             self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table)
             statistics.fires += 1

@@ -48,6 +48,20 @@ class Unavailable:
         return f"'{self.op_type}' ({self.span}) is not available at the program's target"
 
 
+@dataclass(frozen=True)
+class BuildFailed:
+    """A rewrite whose op the backend refused to build (say, Core ML's attention
+    op on rank-2 operands): nothing is replaced. For the shipped rules their
+    conditions rule this out; a rule of one's own hears of it in checked mode."""
+
+    op_type: str
+    span: ast.Span
+    message: str
+
+    def __str__(self) -> str:
+        return f"the backend could not build '{self.op_type}' ({self.span}): {self.message}"
+
+
 class RewriteRefused(Exception):
     """A rewrite was not carried out; nothing was replaced.
 
@@ -57,10 +71,20 @@ class RewriteRefused(Exception):
     built; no value uses them yet.
     """
 
-    def __init__(self, refusal: Refusal | Unevaluable | Unavailable, built: list[Op]):
+    def __init__(self, refusal: Refusal | Unevaluable | Unavailable | BuildFailed, built: list[Op]):
         super().__init__(str(refusal))
         self.refusal = refusal
         self.built = built
+
+
+class _Unbuildable(Exception):
+    def __init__(self, failure: BuildFailed):
+        self.failure = failure
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 class _NoValue(Exception):
@@ -180,6 +204,8 @@ class Rewriter:
             replacements = self._build_all(rule, env, anchor, built)
         except _NoValue as missing:
             raise RewriteRefused(missing.unevaluable, built) from None
+        except _Unbuildable as failed:
+            raise RewriteRefused(failed.failure, built) from None
         for old, new, within in replacements:
             refusal = self.guard.check(old, new, None if within is None else [within])
             if refusal is not None:
@@ -261,19 +287,26 @@ class Rewriter:
 
     def _build(self, rule, build: ast.OpBuild, env, anchor):
         operands = self._arguments(build.arguments, env)
-        return self.adapter.build(build.op, operands, anchor, self._name(rule))
+        try:
+            return self.adapter.build(build.op, operands, anchor, self._name(rule))
+        except Exception as error:
+            # A builder's own type checks (coremltools raises ValueError and
+            # friends): the op cannot exist with these operands.
+            raise _Unbuildable(BuildFailed(build.op, build.span, _first_line(error))) from None
 
     def _rebuild(self, rule, rebuild: ast.Rebuild, env, anchor):
         op = self.adapter.producer(env[rebuild.var])
         copy = getattr(self.adapter, "rebuild", None)
-        if copy is not None:
-            # An IR whose ops carry attributes besides operands copies the op itself.
-            return copy(op, self._arguments(rebuild.arguments, env), anchor, self._name(rule))
-        operands = {}
-        for name in self.adapter.operand_names(op):
-            operands[name] = self.adapter.operand(op, name)
-        operands.update(self._arguments(rebuild.arguments, env))
-        return self.adapter.build(self.adapter.op_type(op), operands, anchor, self._name(rule))
+        changes = self._arguments(rebuild.arguments, env)
+        try:
+            if copy is not None:
+                # An IR whose ops carry attributes besides operands copies the op itself.
+                return copy(op, changes, anchor, self._name(rule))
+            operands = {name: self.adapter.operand(op, name) for name in self.adapter.operand_names(op)}
+            operands.update(changes)
+            return self.adapter.build(self.adapter.op_type(op), operands, anchor, self._name(rule))
+        except Exception as error:
+            raise _Unbuildable(BuildFailed(self.adapter.op_type(op), rebuild.span, _first_line(error))) from None
 
 
 def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None) -> int:

@@ -854,8 +854,23 @@ class MilAdapter:
         self._has_constexpr = self._has_constexpr or op_type.startswith("constexpr_")
         arguments = {k: mil_shapes.as_mil_constant(v) for k, v in operands.items() if v is not None}
         previous = _op_before(block, before)
-        with _in_block(block):
-            result = builder(**arguments, before_op=before, name=self._unique_name(name))
+        # What a builder that fails its own type checks leaves behind: the ops
+        # it read as a consumer of their outputs, and consts it inserted.
+        readers = {id(v): (v, list(v._child_ops)) for v in _vars_in(arguments.values())}
+        try:
+            with _in_block(block):
+                result = builder(**arguments, before_op=before, name=self._unique_name(name))
+        except Exception:
+            # coremltools inserts an op before its type checks run: a failed
+            # one sits in the block without outputs, which remove_ops needs.
+            stranded = _ops_between(block, previous, before)
+            for op in stranded:
+                if op.outputs is None:
+                    op._output_vars = []
+            block.remove_ops(stranded)
+            for var, children in readers.values():
+                var._child_ops = children
+            raise
         # The new op and the consts the builder made for its constant operands
         # stand for `before`, the op the rule matched: they carry its scopes.
         _inherit_scopes(_ops_between(block, previous, before), before, _rule_of(name))
@@ -1004,6 +1019,16 @@ def _ops_between(block: Block, previous: Operation | None, op: Operation) -> lis
         inserted.append(node.op)
         node = node.prev
     return inserted
+
+
+def _vars_in(values) -> list[Var]:
+    """The vars among build operands (a tuple operand's items included)."""
+    found = []
+    for value in values:
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, Var):
+                found.append(item)
+    return found
 
 
 def _rule_of(name: str) -> str:
