@@ -227,6 +227,66 @@ for _rule in _SDPA[1:3]:
         "about profit (no work duplicated)")
 
 
+# The ONNX cleanup and chain rules.
+_SAME_TYPE = "ONNX's {op} takes its two operands of one type T and gives T"
+_IN_ORDER = ("Squeeze and Unsqueeze keep every element in order, only the shape changes; ")
+ARGUMENTS.update({
+    ("fuse_additive_mask_attention_to_sdpa", "one_use(unscaled(%scaled))"): "only %out is replaced; the scores' "
+        "matmul stays for its other uses and computes what it did: the clause is about profit (no work duplicated)",
+    ("fuse_attention_to_sdpa", "one_use(unscaled(%scaled))"): "only %out is replaced; the scores' matmul stays for "
+        "its other uses and computes what it did: the clause is about profit (no work duplicated)",
+    ("onnx_fuse_transposes", 'len(attribute(%inner, "perm")) == rank(%x)'): "a perm of another length than the "
+        "input's rank makes an invalid Transpose (onnx's checker and onnxruntime refuse it): no valid model has one",
+    ("onnx_fuse_transposes", 'len(attribute(%outer, "perm")) == rank(%x)'): "a perm of another length than the "
+        "input's rank makes an invalid Transpose (onnx's checker and onnxruntime refuse it): no valid model has one",
+    ("onnx_remove_mul_by_one", "dtype(%m) == dtype(%x)"): _SAME_TYPE.format(op="Mul"),
+    ("onnx_remove_div_by_one", "dtype(%d) == dtype(%x)"): _SAME_TYPE.format(op="Div"),
+    ("onnx_remove_int_add_zero", "dtype(%a) == dtype(%x)"): _SAME_TYPE.format(op="Add"),
+    ("onnx_remove_int_sub_zero", "dtype(%s) == dtype(%x)"): _SAME_TYPE.format(op="Sub"),
+    ("onnx_remove_inference_dropout", "use_count(%d) >= 1 or block_output(%d)"): "with no use of %d the rewrite "
+        "replaces nothing, so every value stays; the clause only keeps the rule from matching the same node forever "
+        "(where only the mask is read), which the sweep cap would stop",
+    ("onnx_remove_wider_clip_under_clip", '(const(%lo2) if is_const(%lo2) else attribute(%outer, "min")) <= '
+     '(const(%hi2) if is_const(%hi2) else attribute(%outer, "max"))'): "both forms apply the outer bounds last, "
+        "with the same max-then-min order, to values the inner bounds already hold inside them: they agree for "
+        "any lo2, hi2; the clause keeps the rule off the order in which runtimes apply inverted bounds",
+})
+for _deleted in (
+    'len(const(%b) if is_const(%b) else attribute(%s, "axes")) >= 1',
+    'len(const(%a) if is_const(%a) else attribute(%u, "axes")) == len(const(%b) if is_const(%b) else '
+    'attribute(%s, "axes"))',
+    'normalized_axes(const(%a) if is_const(%a) else attribute(%u, "axes"), rank(%u)) == normalized_axes(const(%b) '
+    'if is_const(%b) else attribute(%s, "axes"), rank(%u))',
+):
+    ARGUMENTS[("onnx_cancel_squeeze_of_unsqueeze", _deleted)] = (
+        _IN_ORDER + "with shape(%s) == shape(%x) (kept) the result is x elementwise, whatever the axes")
+ARGUMENTS[("onnx_cancel_squeeze_of_unsqueeze", "shape(%s) == shape(%x)")] = (
+    _IN_ORDER + "squeezing exactly the axes just inserted (the same normalized axes, kept) restores x's shape")
+for _deleted in (
+    'len(const(%a) if is_const(%a) else attribute(%s, "axes")) >= 1',
+    'len(const(%a) if is_const(%a) else attribute(%s, "axes")) == len(const(%b) if is_const(%b) else '
+    'attribute(%u, "axes"))',
+    'normalized_axes(const(%a) if is_const(%a) else attribute(%s, "axes"), rank(%x)) == normalized_axes(const(%b) '
+    'if is_const(%b) else attribute(%u, "axes"), rank(%x))',
+):
+    ARGUMENTS[("onnx_cancel_unsqueeze_of_squeeze", _deleted)] = _IN_ORDER + GUARD
+
+
+def _sorted_axes(value: str, op: str) -> str:
+    """The clause that asks `value`'s axes (or `op`'s attribute) in increasing order."""
+    axes = f'(const(%{value}) if is_const(%{value}) else attribute(%{op}, "axes"))'
+    return (f'forall i in range(len(const(%{value}) if is_const(%{value}) else attribute(%{op}, "axes")) - 1): '
+            f"mod({axes}[i], rank(%u)) < mod({axes}[i + 1], rank(%u))")
+
+
+_SORTED = {("onnx_cancel_squeeze_of_unsqueeze", _sorted_axes("a", "u")),
+           ("onnx_cancel_unsqueeze_of_squeeze", _sorted_axes("b", "u"))}
+for _rule, _deleted in _SORTED:
+    ARGUMENTS[(_rule, _deleted)] = (
+        _IN_ORDER + "the axes' order changes no shape or element where the shapes agree, which the other clauses "
+        "(and the guard) prove; the clause keeps the rule off onnx's reference, which reads unsorted axes in turn")
+
+
 def general_argument(rule: ast.Rule, deleted: str) -> str:
     """The argument for a condition of a class that is sound to drop in any rule, or ""."""
     written = rule_text(rule)
