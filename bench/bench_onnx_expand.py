@@ -58,11 +58,7 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +69,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import Run, locate_cli, run_measured  # noqa: E402
 
 HIDDEN = 16
 OPSET = 18
@@ -176,96 +175,6 @@ def compare(path: Path, reference: dict[int, np.ndarray]) -> str:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Run:
-    ok: bool
-    seconds: float
-    peak_rss_kb: int
-    stdout: str = ""
-    stderr: str = ""
-
-
-# The child's peak RSS must not be taken from os.wait4 on a child of *this* process: subprocess
-# forks/vforks us before exec, and Linux folds the pre-exec address space (this process, with
-# onnxruntime and the models loaded) into the child's ru_maxrss. So the command is started by a
-# small launcher instead: GNU `time -v` when present, else a fresh Python that forks, execs and
-# reports os.wait4's ru_maxrss (floor: ~10 MB, the launcher's own size).
-_LAUNCHER = """
-import os, sys, time
-report, argv = sys.argv[1], sys.argv[2:]
-start = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execvp(argv[0], argv)
-    finally:
-        os._exit(127)
-_, status, usage = os.wait4(pid, 0)
-seconds = time.perf_counter() - start
-with open(report, "w") as f:
-    f.write(f"Maximum resident set size (kbytes): {usage.ru_maxrss}\\nseconds: {seconds}\\n")
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def _gnu_time() -> str | None:
-    path = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
-    if path is None:
-        return None
-    try:
-        probe = subprocess.run([path, "-v", "true"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if "Maximum resident set size" in probe.stderr else None
-
-
-GNU_TIME = _gnu_time()
-
-
-def run_measured(argv: list[str], timeout: float | None = None) -> Run:
-    """Run argv; wall-clock seconds and its peak RSS in kB (see the comment above)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "rusage.txt"
-        if GNU_TIME:
-            wrapped = [GNU_TIME, "-v", "-o", str(report), *argv]
-        else:
-            wrapped = [sys.executable, "-c", _LAUNCHER, str(report), *argv]
-        start = time.perf_counter()
-        process = subprocess.Popen(
-            wrapped, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the launcher and the command it started
-            process.communicate()
-            return Run(False, time.perf_counter() - start, 0, "", f"timed out after {timeout:.0f} s")
-        seconds = time.perf_counter() - start
-        text = report.read_text() if report.exists() else ""
-        peak = 0
-        for line in text.splitlines():
-            if "Maximum resident set size" in line:
-                peak = int(line.rsplit(":", 1)[1])
-            elif line.startswith("seconds:"):  # the Python launcher's own clock, without its start-up
-                seconds = float(line.split(":", 1)[1])
-        return Run(
-            process.returncode == 0,
-            seconds,
-            peak,
-            stdout.decode(errors="replace"),
-            stderr.decode(errors="replace"),
-        )
-
-
-def locate_cli() -> list[str] | None:
-    """The `rewrite` console script of this interpreter (skipping e.g. a pyenv shim), else PATH."""
-    beside = Path(sys.executable).with_name("rewrite")
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("rewrite")
-    return [found] if found else None
 
 
 # --------------------------------------------------------------------------- ours

@@ -238,6 +238,10 @@ class Matcher:
                     remaining = tuple(values[:position] + values[position + 1:])
                     yield from self.match_value(rest.pattern, remaining, env)
             return
+        yield from self._match_orders(pattern, values, patterns, rest, env, trace)
+
+    def _match_orders(self, pattern: ast.OpPattern, values: list, patterns, rest, env: Environment, trace=None):
+        """The operand patterns against the values in order, or in every order for `in any order`."""
         if pattern.any_order:
             orders = permutations(range(len(values)), len(patterns))
         else:
@@ -283,19 +287,7 @@ class Matcher:
                     yield from self.match_value(rest.pattern, remaining, env)
             return
         # Other shapes of pattern take the general way, over a copy.
-        values = list(values)
-        if pattern.any_order:
-            orders = permutations(range(len(values)), len(patterns))
-        else:
-            orders = [tuple(range(len(patterns)))]
-        for order in orders:
-            taken = set(order)
-            remaining = tuple(v for i, v in enumerate(values) if i not in taken)
-            for extended in self._match_sequence(patterns, [values[i] for i in order], env):
-                if rest is None:
-                    yield extended
-                else:
-                    yield from self.match_value(rest.pattern, remaining, extended)
+        yield from self._match_orders(pattern, list(values), patterns, rest, env)
 
     def _match_sequence(self, operands, values, env: Environment) -> Iterator[Environment]:
         if not operands:

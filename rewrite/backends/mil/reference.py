@@ -296,21 +296,21 @@ def _batch_norm(op):
     mean, variance = _float(_input(op, "mean")).reshape(shape), _float(_input(op, "variance")).reshape(shape)
     gamma, beta = _input(op, "gamma"), _input(op, "beta")
     result = (x - mean) / np.sqrt(variance + float(_input(op, "epsilon", 1e-5)))
-    if gamma is not None:
-        result = result * _float(gamma).reshape(shape)
-    if beta is not None:
-        result = result + _float(beta).reshape(shape)
-    return result
+    return _per_channel_affine(result, gamma, beta)
 
 
 @kernel("instance_norm")
 def _instance_norm(op):
     x = _float(_input(op, "x"))
     axes = tuple(range(2, x.ndim))
-    shape = (1, -1) + (1,) * (x.ndim - 2)
     centered = x - x.mean(axis=axes, keepdims=True)
     result = centered / np.sqrt((centered**2).mean(axis=axes, keepdims=True) + float(_input(op, "epsilon", 1e-5)))
-    gamma, beta = _input(op, "gamma"), _input(op, "beta")
+    return _per_channel_affine(result, _input(op, "gamma"), _input(op, "beta"))
+
+
+def _per_channel_affine(result, gamma, beta):
+    """result·gamma + beta, each optional, one value per channel (axis 1)."""
+    shape = (1, -1) + (1,) * (result.ndim - 2)
     if gamma is not None:
         result = result * _float(gamma).reshape(shape)
     if beta is not None:
