@@ -686,7 +686,10 @@ def lazy_rests(rules) -> frozenset[int]:
         for condition in rule.conditions:
             _reads(condition.expr, unsafe, safe=False)
         for action in rule.actions:
+            # A rewrite reads a rest after conditions are decided, once ops
+            # may be edited: it keeps its tuple, even as a domain.
             _reads(action, unsafe, safe=False)
+            unsafe.update(node.var for node in ast.walk(action) if type(node) is ast.ValueRef)
         for clause in rule.matches:
             unsafe.add(clause.var)
         for var, nodes in rests.items():

@@ -354,6 +354,11 @@ class Evaluator:
     def _index(self, base, position):
         if base is UNKNOWN or not is_literal(position) or position != int(position):
             return UNKNOWN
+        if isinstance(base, OperandsExcept):
+            base = base.materialize()
+        if isinstance(base, tuple):  # the values a rest or variadic operand bound
+            position = int(position)
+            return base[position] if -len(base) <= position < len(base) else UNKNOWN
         if not isinstance(base, list):
             base = self._constant_list(base)
             if base is None:
@@ -943,6 +948,25 @@ def _upper_bound(adapter, value):
     return UNKNOWN if greatest is None else greatest
 
 
+def _elements(adapter, value):
+    """The elements of an integer value, flattened, as proved for run time: a
+    constant's, or what a backend's shape-value analysis follows (`shape`,
+    slices, gathers, concats and arithmetic of dims: numbers and symbols)."""
+    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
+        return UNKNOWN
+    follow = getattr(adapter, "shape_value", None)
+    items = follow(value) if follow is not None else None
+    if items is not None:
+        return list(items)
+    constant = adapter.constant(value)
+    if constant is None:
+        return UNKNOWN
+    array = np.asarray(constant)
+    if array.dtype.kind not in "biu":
+        return UNKNOWN
+    return [int(v) for v in array.reshape(-1)]
+
+
 def _unscaled(adapter, value):
     return _scaling_chain(adapter, value)[0]
 
@@ -994,6 +1018,7 @@ _BUILTINS: dict[str, Callable] = {
     "every_row_any": _every_row_any,
     "lower_bound": _lower_bound,
     "upper_bound": _upper_bound,
+    "elements": _elements,
     "available": _available,
     "mod": _mod,
 }

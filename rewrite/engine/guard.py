@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rewrite.engine.interfaces import Adapter, Op, Value
+from rewrite.engine.interfaces import Adapter, Op, OperandRejected, Value
 from rewrite.engine.logic import UNKNOWN, Truth, equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
 
@@ -92,6 +92,13 @@ class ShapeGuard:
         if not consumers:
             return None
         if self._same_type(old, new, "") is None:
+            if self._proving and self._output_types_with is not None:
+                # Proved the same type, though the IR states the two apart:
+                # its own type inference must still take the new operand.
+                for consumer in consumers:
+                    refusal = self._rejects(consumer, old, new)
+                    if refusal is not None:
+                        return refusal
             return None
         for consumer in consumers:
             refusal = self._consumer_keeps_its_types(consumer, old, new)
@@ -122,7 +129,10 @@ class ShapeGuard:
             if first_refusal is None:
                 return None
         if self._output_types_with is not None:
-            inferred = self._output_types_with(consumer, old, new)
+            try:
+                inferred = self._output_types_with(consumer, old, new)
+            except OperandRejected as error:
+                return Refusal(name, f"its type inference rejects the new operand ({error})")
             if inferred is not None:
                 refusal = self._outputs_equal(consumer, inferred)
                 if refusal is None:
@@ -130,6 +140,14 @@ class ShapeGuard:
                 first_refusal = first_refusal or refusal
         unknown = f"its output type with the new operand is not known ({adapter.op_type(consumer)})"
         return first_refusal or Refusal(name, unknown)
+
+    def _rejects(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
+        try:
+            self._output_types_with(consumer, old, new)
+        except OperandRejected as error:
+            name = self.adapter.op_name(consumer)
+            return Refusal(name, f"its type inference rejects the new operand ({error})")
+        return None
 
     def _broadcast_keeps_output(
         self, consumer: Op, operands: Sequence[Value], old: Value, new: Value

@@ -59,6 +59,12 @@ class NamedValue:
     name: str
 
 
+class OperandRejected(Exception):
+    """Raised by an adapter's `output_types_with`: the op's own type inference
+    refuses the new operand outright (a concat whose other operands no longer
+    fit, say), whatever the shapes are proved to be."""
+
+
 class TypeChangedError(RuntimeError):
     """A rewrite changed the type of a value it promised to keep (checked mode).
 
@@ -159,6 +165,12 @@ class Adapter(Protocol):
         put in for symbols the IR made up; asked only for dims `shape` leaves
         symbolic, since following the arithmetic costs more."""
 
+    def shape_value(self, value: Value) -> list | None:
+        """Optional. The elements of a rank-0 or rank-1 integer value as dims
+        (ints and `Symbol`s, `UNKNOWN` where an element is not proved), where
+        the value is computed from shapes; None when it is not followed.
+        The builtin `elements` reads it."""
+
     def unknown_dim_origin(self, value: Value, axis: int) -> Op | None:
         """Optional. The op whose shape inference lost dim `axis` of `value`
         (a dim `shape` gives as unknown): the first op up `value`'s producers
@@ -166,6 +178,12 @@ class Adapter(Protocol):
         None when no op lost it (an input was declared so) or the adapter
         cannot tell. `follow_unknown_dim` does the walk for an adapter.
         `rewrite explain` names this op where a condition failed on a `?`."""
+
+    def output_types_with(self, op: Op, old: Value, new: Value) -> list | None:
+        """Optional. The (dtype, dims) of `op`'s outputs were its operand `old`
+        replaced by `new`, by the IR's own type inference; None if it cannot
+        say. Raises `OperandRejected` when that inference refuses `new`. The
+        op is left as it was. The shape guard's third proof."""
 
     def op_available(self, op_type: str) -> bool | None:
         """Optional. Whether new ops of `op_type` may be built in this program

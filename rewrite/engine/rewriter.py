@@ -129,6 +129,9 @@ def evaluate_argument(evaluator: Evaluator, expr, env: Environment) -> Any:
     """The value of an operand of an op being built (a tuple for a variadic one)."""
     if isinstance(expr, ast.TupleExpr):
         return tuple(evaluator.value(item, env) for item in expr.items)
+    if isinstance(expr, ast.TupleComprehension):
+        items = evaluator.value(expr.comprehension, env)
+        return UNKNOWN if items is UNKNOWN else tuple(items)
     return evaluator.value(expr, env)
 
 

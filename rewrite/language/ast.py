@@ -126,6 +126,16 @@ class TupleExpr:
 
 
 @dataclass(frozen=True)
+class TupleComprehension:
+    """`(item for variable in domain if keep)`: a variadic operand's values, an
+    item (a value or a constant) for each element of the domain that is kept.
+    Like `TupleExpr`, it stands only as a whole argument of an op being built."""
+
+    comprehension: Comprehension
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Conditional:
     """`then if condition else otherwise`: `then` only when the condition is proved."""
 
@@ -267,7 +277,7 @@ class Argument:
     """`name=value` of an op being built; a tuple only for a variadic operand."""
 
     name: str
-    value: Expr | TupleExpr
+    value: Expr | TupleExpr | TupleComprehension
     span: Span = field(compare=False)
 
 

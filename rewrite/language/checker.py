@@ -193,7 +193,12 @@ class Checker:
 
     def _expr_TupleExpr(self, expr: ast.TupleExpr, scope):
         # Only `with` reaches here: an op build checks a tuple's items itself.
-        self.error(expr.span, "a tuple operand is written only in examples; a rewrite cannot build one yet")
+        for item in expr.items:
+            self.check_expr(item, scope)
+        return Type.ANY, scope
+
+    def _expr_TupleComprehension(self, expr: ast.TupleComprehension, scope):
+        self.check_expr(expr.comprehension, scope)
         return Type.ANY, scope
 
     def _expr_ListExpr(self, expr: ast.ListExpr, scope):
@@ -470,6 +475,8 @@ class Checker:
                         names = [i.name for i in signature.inputs]
                         self.error(argument.span, f"op '{signature.op_type}' has no operand '{argument.name}'"
                                    + self._suggest(argument.name, names))
+                    elif isinstance(argument.value, (ast.TupleExpr, ast.TupleComprehension)):
+                        self._check_tuple(signature.op_type, argument.name, argument.value, signature)
         return action
 
     def _check_build(self, build: ast.OpBuild, scope: _Scope, complete: bool, example: bool = False) -> None:
@@ -493,13 +500,19 @@ class Checker:
                 self.error(argument.span, f"operand '{argument.name}' given twice")
             given.add(argument.name)
             value = argument.value
-            items = value.items if isinstance(value, ast.TupleExpr) else (value,)
+            if isinstance(value, ast.TupleComprehension):
+                self.check_expr(value, scope)
+                if example:
+                    self.error(value.span, "an example lists a tuple's items: (%a, %b)")
+                items = ()
+            else:
+                items = value.items if isinstance(value, ast.TupleExpr) else (value,)
             for item in items:
                 self.check_expr(item, scope)
                 if example and not isinstance(item, ast.ValueRef):
                     self._constant_operand(item)
-            if isinstance(value, ast.TupleExpr):
-                self._check_tuple(build.op, argument.name, value, signature, example)
+            if isinstance(value, (ast.TupleExpr, ast.TupleComprehension)):
+                self._check_tuple(build.op, argument.name, value, signature)
             if (
                 signature is not None
                 and signature.input(argument.name) is None
@@ -515,12 +528,7 @@ class Checker:
             if missing:
                 self.error(build.span, f"op '{build.op}' needs operand(s) {', '.join(missing)}")
 
-    def _check_tuple(self, op: str, name: str, value: ast.TupleExpr, signature, example: bool) -> None:
-        if not example:
-            # The rewriter evaluates each argument to one value; a tuple of
-            # them is not yet something it builds.
-            self.error(value.span, "a tuple operand is written only in examples; a rewrite cannot build one yet")
-            return
+    def _check_tuple(self, op: str, name: str, value, signature) -> None:
         spec = signature.input(name) if signature is not None else None
         if spec is not None and not spec.variadic:
             self.error(value.span, f"operand '{name}' of '{op}' takes one value, not a tuple")

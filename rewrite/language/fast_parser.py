@@ -162,6 +162,7 @@ _Span = _maker(ast.Span)
 _Wildcard, _Bind, _Operand, _OpPattern = map(_maker, (ast.Wildcard, ast.Bind, ast.Operand, ast.OpPattern))
 _Literal, _ValueRef, _NameRef, _ListExpr = map(_maker, (ast.Literal, ast.ValueRef, ast.NameRef, ast.ListExpr))
 _TupleExpr, _Conditional, _Comprehension = map(_maker, (ast.TupleExpr, ast.Conditional, ast.Comprehension))
+_TupleComprehension = _maker(ast.TupleComprehension)
 _Index, _Arithmetic, _Compare, _And, _Or = map(_maker, (ast.Index, ast.Arithmetic, ast.Compare, ast.And, ast.Or))
 _Not, _SameValue, _Matches, _Call = map(_maker, (ast.Not, ast.SameValue, ast.Matches, ast.Call))
 _Quantifier, _EveryUse, _Argument = map(_maker, (ast.Quantifier, ast.EveryUse, ast.Argument))
@@ -601,19 +602,9 @@ class FastParser:
             return _ListExpr((), self.span(bracket[2], end)), 1, bracket[2], end
         first = self.expr()
         if self.at_keyword("for"):
-            self.position += 1
-            variable = self.expect("NAME")
-            self.keyword("in")
-            domain = self.binary(OR)
-            height = max(first[1], domain[1])
-            keep = None
-            if self.at_keyword("if"):
-                self.position += 1
-                kept = self.binary(OR)
-                keep = kept[0]
-                height = max(height, kept[1])
+            variable, domain, keep, height = self.comprehension_tail(first)
             end = self.expect("]")[3]
-            node = _Comprehension(first[0], variable[1], domain[0], keep, self.span(bracket[2], end))
+            node = _Comprehension(first[0], variable, domain, keep, self.span(bracket[2], end))
             return node, height + 1, bracket[2], end
         items = [first[0]]
         height = first[1]
@@ -689,6 +680,8 @@ class FastParser:
         saved = self.position
         self.position += 1
         first = self.expr()
+        if self.at_keyword("for"):
+            return self.tuple_comprehension(opening, first)
         if tokens[self.position][0] != ",":
             # Only a parenthesized expression: parse it again as one, so that
             # `(a) + b` goes on past the parenthesis as lark's grammar does.
@@ -707,6 +700,29 @@ class FastParser:
         self.expect(")")
         span = _Span(self.path, opening[2][0], opening[2][1], 0, 0)  # where `(` is, as lark's path gives it
         return _TupleExpr(tuple(items), span), height
+
+    def comprehension_tail(self, first: tuple) -> tuple:
+        """`for name in domain [if keep]` after a comprehension's item: (name, domain, keep, height)."""
+        self.position += 1
+        variable = self.expect("NAME")
+        self.keyword("in")
+        domain = self.binary(OR)
+        height = max(first[1], domain[1])
+        keep = None
+        if self.at_keyword("if"):
+            self.position += 1
+            kept = self.binary(OR)
+            keep = kept[0]
+            height = max(height, kept[1])
+        return variable[1], domain[0], keep, height
+
+    def tuple_comprehension(self, opening: tuple, first: tuple) -> tuple:
+        """`(item for name in domain [if keep])` after `name=`, the item already read."""
+        variable, domain, keep, height = self.comprehension_tail(first)
+        self.expect(")")
+        span = _Span(self.path, opening[2][0], opening[2][1], 0, 0)  # where `(` is, as lark's path gives it
+        comprehension = _Comprehension(first[0], variable, domain, keep, span)
+        return _TupleComprehension(comprehension, span), height + 1
 
     # ---- examples
 

@@ -100,7 +100,7 @@ MAX_CONDITIONS = 64
 # op build, an operator, a list, a call, an index, a quantifier. The nodes
 # between them (operands, arguments, clauses) add no level of their own.
 _NESTING_NODES = frozenset({
-    "op_pattern", "op_build", "list", "comprehension", "call", "index",
+    "op_pattern", "op_build", "list", "comprehension", "tuple_comprehension_argument", "call", "index",
     "choose", "forall", "exists", "every_use", "or_", "and_", "not_",
     "compare", "same_value", "different_value", "is_op", "is_not_op",
     "add", "subtract", "multiply", "divide", "negate",
@@ -612,6 +612,12 @@ class _ToAst(Transformer_NonRecursive):
         name, *items = children
         items = tuple(item for item in items if item is not None)
         return ast.Argument(str(name), ast.TupleExpr(items, self._paren_span(name)), self._token_span(name))
+
+    def tuple_comprehension_argument(self, meta, children):
+        name, item, variable, domain, keep = children
+        span = self._paren_span(name)
+        comprehension = ast.Comprehension(item, str(variable), domain, keep, span)
+        return ast.Argument(str(name), ast.TupleComprehension(comprehension, span), self._token_span(name))
 
     def _paren_span(self, name: Token) -> ast.Span:
         """Where the `(` after `name=` is: the tuple has no token of its own to point at."""

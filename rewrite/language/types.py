@@ -155,6 +155,10 @@ BUILTINS: dict[str, Signature] = {
         _signature("upper_bound", "value", Type.NUMBER,
                    "The greatest number any element of an integer or bool value can hold, proved as "
                    "for lower_bound; unknown otherwise."),
+        _signature("elements", "value", Type.LIST,
+                   "The elements of an integer value, flattened, as the backend proves them for run "
+                   "time: a constant's, or, where the value is computed from shapes (a `shape`, "
+                   "sliced, gathered, concatenated, added), numbers and symbolic dims; unknown otherwise."),
         _signature("every_row_any", "items:any", Type.BOOL,
                    "Every row (along the last axis) of a nested list holds a true (non-zero) element."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),

@@ -172,3 +172,50 @@ def test_a_pass_inside_ct_convert(tmp_path):
     assert count_ops(loaded, "tile") == 0
     inputs = {"x": np.ones((4, 8)), "y": np.arange(4.0).reshape(4, 1)}
     np.testing.assert_allclose(evaluate(loaded, inputs)["out"], np.ones((4, 8)) + np.arange(4.0).reshape(4, 1))
+
+
+def _program_from_example(rules_text: str, tmp_path):
+    from rewrite.backends.mil.examples import build_example
+    from rewrite.examples import example_ops
+
+    path = tmp_path / "program.rules"
+    path.write_text(rules_text)
+    (example,) = rewrite.load_rules(path).rules[0].examples
+    inputs = [(s.var.lstrip("%"), s.dtype, s.dims) for s in example.inputs]
+    return build_example(inputs, example_ops(example.statements), [v.lstrip("%") for v in example.outputs])
+
+
+@pytest.mark.parametrize("check_types", [False, True])
+def test_a_consumer_whose_type_inference_rejects_the_new_operand_refuses_the_rewrite(tmp_path, check_types):
+    """The tile's reps are proved [B, 1, 1], so its old and new types are proved equal, but the
+    concat after it cannot take a (B, 1, 1) next to a (B, 1, 2) (a program that fails at run
+    time anyway): coremltools' own inference refuses, so the guard does. Checked mode says so
+    with the rule's name, as for every refusal; neither mode changes the program."""
+    program = _program_from_example("""dialect mil
+rule program "holds the program"
+  match %r = relu(x=%x)
+  rewrite %r -> %x
+  example "a CLS token of one column concatenated to rows of two"
+    input %x: fp32[B, 1, 2]
+    input %token: fp32[1, 1, 1]
+    %shape = shape(x=%x)
+    %b = gather(x=%shape, indices=0, axis=0)
+    %size = concat(values=(%b, -1, -1), axis=0, interleave=false)
+    %free = equal(x=%size, y=-1)
+    %picked = select(cond=%free, a=[1, 1, 4], b=%size)
+    %reps = real_div(x=%picked, y=[1, 1, 4])
+    %t = tile(x=%token, reps=%reps)
+    %out = concat(values=(%t, %x), axis=1, interleave=false)
+    output %out
+  unchanged
+""", tmp_path)
+    before = [op.op_type for op in program.functions["main"].operations]
+    rules = rewrite.load_rules().only("tile_reps_from_size_list")
+    if check_types:
+        with pytest.raises(rewrite.UnsoundRewriteError, match="tile_reps_from_size_list.*rejects the new operand"):
+            rules.apply(program, check_types=True)
+    else:
+        statistics = rules.apply(program)
+        assert statistics.fired("tile_reps_from_size_list") == 0
+        assert statistics.rules["tile_reps_from_size_list"].refused == 1
+    assert [op.op_type for op in program.functions["main"].operations] == before

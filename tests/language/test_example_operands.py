@@ -143,26 +143,53 @@ def test_a_tuple_only_where_a_variadic_operand_takes_one(write_rules):
         dialect mil
         rule r "d"
           match %a = relu(x=%x)
-          rewrite %a -> concat(values=(%x, %x), axis=0, interleave=false)
+          rewrite %a -> relu(x=(%x, %x))
           example "e"
             input %x: fp32[2]
             %b = relu(x=(%x, %x))
             output %b
           unchanged
         """)
-    assert errors[0].startswith("test.rules:4:31: error: a tuple operand is written only in examples")
+    assert errors[0].startswith("test.rules:4:24: error: operand 'x' of 'relu' takes one value, not a tuple")
     assert errors[1].startswith("test.rules:7:17: error: operand 'x' of 'relu' takes one value, not a tuple")
 
 
-def test_a_tuple_in_a_rebuild_is_an_error_too(write_rules):
-    (error,) = _errors(write_rules, """
+def test_a_rewrite_builds_a_tuple_of_values_and_constants(write_rules):
+    rewrite.load_rules(write_rules("""
         dialect mil
         rule r "d"
           match %c = concat(values=%v, axis=_, interleave=_)
-          where len(%v) == 1
-          rewrite %c -> %c with values=(%c,)
+          where len(%v) == 2
+          rewrite
+            %d = concat(values=(%v[1], 1, %v[0]), axis=0, interleave=false)
+            %e = concat(values=(%v[i] for i in range(len(%v)) if i > 0), axis=0, interleave=false)
+            %c -> %c with values=(%d, %e)
+        """))
+
+
+def test_a_tuple_in_a_rebuild_takes_a_variadic_operand_too(write_rules):
+    (error,) = _errors(write_rules, """
+        dialect mil
+        rule r "d"
+          match %a = relu(x=%x)
+          rewrite %a -> %a with x=(%x,)
         """)
-    assert error.startswith("test.rules:5:32: error: a tuple operand is written only in examples")
+    assert error.startswith("test.rules:4:27: error: operand 'x' of 'relu' takes one value, not a tuple")
+
+
+def test_an_example_lists_a_tuples_items(write_rules):
+    (error,) = _errors(write_rules, """
+        dialect mil
+        rule r "d"
+          match %a = relu(x=%x)
+          rewrite %a -> %x
+          example "e"
+            input %x: fp32[2]
+            %b = concat(values=(%x for i in [1, 2]), axis=0, interleave=false)
+            output %b
+          unchanged
+        """)
+    assert "an example lists a tuple's items: (%a, %b)" in error
 
 
 def test_an_operand_given_twice_is_an_error(write_rules):

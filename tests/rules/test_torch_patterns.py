@@ -169,6 +169,18 @@ class Embeddings(nn.Module):
         return self.norm(self.words(ids) + self.types(types) + self.positions(positions))
 
 
+class ExpandedToken(nn.Module):
+    """A learned token expanded along the runtime sequence and put beside each row (ViT's CLS
+    token is the same expand along a flexible batch): a tile by reps computed at run time."""
+
+    def __init__(self):
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(1, 1, WIDTH))
+
+    def forward(self, x):
+        return torch.cat([self.token.expand(1, x.size(1), -1), x], dim=-1)
+
+
 class RepeatKeyValue(Heads):
     """Llama's repeat_kv for grouped-query attention: (B, 2, S, E) expanded to 4 heads and reshaped."""
 
@@ -283,6 +295,7 @@ MODELS = {
     "rmsnorm_other_axis": lambda: RMSNorm(axis=-2),
     "embeddings": Embeddings,
     "repeat_kv": RepeatKeyValue,
+    "expanded_token": ExpandedToken,
 }
 
 SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
@@ -434,6 +447,33 @@ def test_an_expanded_buffer_slice_needs_no_runtime_tile():
     assert_computes("embeddings", False)
 
 
+def test_a_tile_by_a_runtime_length_takes_its_reps_from_the_size_list():
+    # expand(1, L, -1): the frontend's size list is concat(1, L, -1), the reps
+    # where(size == -1, shape, size) / shape; they are [1, L, 1], built from
+    # the list's own L, and the equal/select/real_div go.
+    _, default, _ = converted("expanded_token", True, False)
+    _, ours, fired = converted("expanded_token", True, True)
+    assert fired["tile_reps_from_size_list"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["tile"] == after["tile"] == 1
+    assert before["real_div"] == before["select"] == before["equal"] == 1
+    assert after["real_div"] == after["select"] == after["equal"] == 0
+    assert ops(ours) == ops(default) - 3
+    assert_computes("expanded_token", True)
+
+
+def test_token_types_of_a_zero_buffer_are_one_row_added():
+    # token_type_ids[:, :L] of a zero buffer: the lookup is row 0 repeated;
+    # the add reads the row (a folded constant) and the slice and lookup go.
+    _, ours, fired = converted("embeddings", True, True)
+    assert fired["add_uniform_embedding_row"] == 1
+    _, static, _ = converted("embeddings", False, True)
+    _, default, _ = converted("embeddings", True, False)
+    assert histogram(default)["gather"] == 4 and histogram(ours)["gather"] == 3
+    assert histogram(ours)["gather"] == histogram(static)["gather"] + 2  # the length, the positions' lookup
+    assert_computes("embeddings", True)
+
+
 def test_gather_guards_of_positions_proved_non_negative_go():
     # coremltools guards every gather's indices: select(i >= 0, i, i + n).
     # The positions and token types are slices of constant non-negative
@@ -442,7 +482,8 @@ def test_gather_guards_of_positions_proved_non_negative_go():
     _, ours, fired = converted("embeddings", True, True)
     assert fired["remove_nonnegative_index_guard"] >= 2  # and guards of constant indices, before they fold
     before, after = histogram(default), histogram(ours)
-    assert before["gather"] == after["gather"] == 4  # three tables and the length read from shape(x)
+    assert before["gather"] == 4  # three tables and the length read from shape(x)
+    assert after["gather"] == 3  # the token types' table is one row, folded (add_uniform_embedding_row)
     assert before["greater_equal"] == 3 and after["greater_equal"] == 1
     assert after["select"] == 1  # the ids' guard (the default has the expand's size select too)
     assert after["add"] == before["add"] - 2

@@ -34,7 +34,7 @@ from rewrite.backends.mil.pymil import (
     types,
 )
 from rewrite.engine import shape_values
-from rewrite.engine.interfaces import InputSpec, OpSignature, TypeChangedError
+from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
@@ -681,6 +681,8 @@ class MilAdapter:
         for a, b in pairs:
             if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
                 quotients.append(a // b)
+            elif b == 1 and isinstance(b, int) and a is not UNKNOWN:
+                quotients.append(a)  # a dim by 1 (a batch repeated: `expand(B, -1, -1)` of a (1, ...) token)
             elif a == b and a is not UNKNOWN:
                 quotients.append(1)
             else:
@@ -751,8 +753,8 @@ class MilAdapter:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 inferred = op.type_inference()
-        except Exception:  # the op rejects the new operand: not provably the same
-            return None
+        except Exception as error:  # the op rejects the new operand
+            raise OperandRejected(str(error).strip().splitlines()[0] if str(error).strip() else "") from None
         finally:
             op._input_vars = inputs
             for name in changed:
@@ -789,9 +791,27 @@ class MilAdapter:
         """The least and greatest element an integer or bool value can hold (see `bounds`)."""
         return self._bounds.bounds(value)
 
+    # Ops whose every output element is an element of `x`: of a uniform x, uniform.
+    _PICKING_OPS = frozenset({
+        "slice_by_index", "slice_by_size", "reshape", "expand_dims", "squeeze", "transpose", "tile", "identity",
+        "gather", "gather_along_axis", "reverse",
+    })
+
     def fill_value(self, value: Var) -> float | None:
-        """The value of a `fill`/`fill_like` with a constant scalar `value`."""
+        """The one number every element of `value` holds, for a `fill`/`fill_like`
+        of a constant scalar, or a slice, gather, reshape, ... of a value
+        uniform so (a constant's elements all equal included)."""
         op = value.op
+        for _ in range(64):  # a chain of picks is short; a long one is not worth following
+            if op is None or op.op_type not in self._PICKING_OPS:
+                break
+            source = op.inputs["x"]
+            if source.val is not None:
+                flat = np.asarray(source.val).reshape(-1)
+                if flat.size == 0 or flat.dtype.kind not in "biuf" or not (flat == flat[0]).all():
+                    return None
+                return flat[0].item() if flat.dtype.kind != "b" else int(flat[0])
+            op = source.op
         if op is None or op.op_type not in ("fill", "fill_like"):
             return None
         filled = op.inputs.get("value")

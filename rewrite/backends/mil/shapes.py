@@ -108,6 +108,8 @@ def describe_type(dtype, shape) -> str:
 
 
 def as_mil_constant(value):
+    if isinstance(value, tuple):  # a variadic operand: values, and constants to make consts of
+        return tuple(as_mil_constant(item) for item in value)
     if isinstance(value, list):
         array = np.asarray(value)
         if array.dtype == np.int64:

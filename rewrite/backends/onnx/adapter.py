@@ -422,6 +422,10 @@ class OnnxAdapter:
     def dtype(self, value: Value) -> str | None:
         return value.dtype
 
+    def shape_value(self, value: Value) -> list | None:
+        """The dims a shape-like value holds, as shape inference followed them (`Value.contents`)."""
+        return None if value.contents is None else list(value.contents)
+
     def op_available(self, op_type: str) -> bool | None:
         """Whether the default domain has `op_type` at this model's opset."""
         if self.SCHEMA_NAMES is None:
