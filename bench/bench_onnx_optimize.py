@@ -3,11 +3,19 @@ committed torch exports (tests/backends/onnx_models), in this process.
 
 For each export: nodes before; nodes after ours and after each peer (Constant
 nodes counted as nodes: each tool leaves its constants as initializers); the
-time of each, the best of --repeat runs; and whether onnxruntime gives the
-same outputs as the original at the manifest's two test shapes.
+time of each, the best of --repeat runs; the ratios ours / peer of both, from
+this one run; and whether onnxruntime gives the same outputs as the original
+at the manifest's two test shapes, for ours and for each peer. The last row
+sums the node counts and times over the models shown.
+
+With --ops, each model is followed by the op types whose counts differ
+between ours and a peer (ours - peer per op type), to see what a peer removes
+that we keep.
+
+Neither peer is a dependency: a peer that is not installed is left out.
 
 Usage:
-    python bench/bench_onnx_optimize.py [--repeat 3]
+    python bench/bench_onnx_optimize.py [--repeat 3] [--models bert t5] [--ops] [--peers onnxscript]
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +45,16 @@ def _run(model, feeds):
     return session.run(None, feeds)
 
 
-def _peers():
+def _onnxsim(model):
+    import onnxsim
+
+    simplified, ok = onnxsim.simplify(model)
+    if not ok:
+        raise RuntimeError("onnxsim: its own check of the simplified model failed")
+    return simplified
+
+
+def _peers(wanted=None):
     peers = {}
     try:
         import onnxscript.optimizer
@@ -45,12 +63,12 @@ def _peers():
     except ImportError:
         pass
     try:
-        import onnxsim
+        import onnxsim  # noqa: F401
 
-        peers["onnxsim"] = lambda model: onnxsim.simplify(model)[0]
+        peers["onnxsim"] = _onnxsim
     except ImportError:
         pass
-    return peers
+    return {name: peer for name, peer in peers.items() if wanted is None or name in wanted}
 
 
 def _timed(function, path, repeat):
@@ -65,31 +83,89 @@ def _timed(function, path, repeat):
     return result, best
 
 
+def _same(model, feeds, expected) -> bool:
+    try:
+        return all(
+            a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
+            for f, e in zip(feeds, expected)
+            for a, b in zip(e, _run(model, f))
+        )
+    except Exception:  # a model onnxruntime refuses is not the same model
+        return False
+
+
+def _ops(model) -> Counter:
+    return Counter(node.op_type for node in model.graph.node)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--models", nargs="+", help="only the exports whose file name starts with one of these")
+    parser.add_argument("--peers", nargs="+", help="only these peers (default: every one installed)")
+    parser.add_argument("--ops", action="store_true", help="print the op types whose counts differ from a peer's")
     arguments = parser.parse_args(argv)
-    peers = _peers()
-    header = ["model", "before", "ours", *peers, "ours s", *(f"{p} s" for p in peers), "values"]
-    print("  ".join(header))
-    for entry in MANIFEST["files"]:
+    peers = _peers(arguments.peers)
+    entries = [
+        e for e in MANIFEST["files"]
+        if arguments.models is None or any(e["file"].startswith(m) for m in arguments.models)
+    ]
+    header = ["model", "before", "ours", *peers, "ours s", *(f"{p} s" for p in peers)]
+    header += [f"nodes/{p}" for p in peers] + [f"time/{p}" for p in peers] + ["values", *(f"{p} values" for p in peers)]
+    rows = [header]
+    totals = {"before": 0, "ours": 0, "ours s": 0.0, **{p: 0 for p in peers}, **{f"{p} s": 0.0 for p in peers}}
+    differences = []
+    for entry in entries:
         path = MODELS / entry["file"]
         original = onnx.load(str(path))
         feeds = [_feeds(entry, shape, seed) for seed, shape in enumerate(entry["test_shapes"])]
         expected = [_run(original, f) for f in feeds]
         ours, ours_time = _timed(optimize, path, arguments.repeat)
-        counts, times = [len(ours.graph.node)], [ours_time]
-        for peer in peers.values():
+        counts, times, same = [len(ours.graph.node)], [ours_time], [_same(ours, feeds, expected)]
+        for name, peer in peers.items():
             theirs, their_time = _timed(peer, path, arguments.repeat)
             counts.append(len(theirs.graph.node))
             times.append(their_time)
-        same = all(
-            np.allclose(a, b, rtol=1e-5, atol=1e-5) and a.shape == b.shape
-            for f, e in zip(feeds, expected) for a, b in zip(e, _run(ours, f))
-        )
-        row = [entry["file"], str(len(original.graph.node)), *map(str, counts), *(f"{t:.3f}" for t in times),
-               "same" if same else "DIFFER"]
-        print("  ".join(row))
+            same.append(_same(theirs, feeds, expected))
+            if arguments.ops:
+                delta = _ops(ours)
+                delta.subtract(_ops(theirs))
+                differences.append((entry["file"], name, {op: n for op, n in sorted(delta.items()) if n}))
+        totals["before"] += len(original.graph.node)
+        totals["ours"] += counts[0]
+        totals["ours s"] += times[0]
+        for i, name in enumerate(peers, start=1):
+            totals[name] += counts[i]
+            totals[f"{name} s"] += times[i]
+        rows.append([
+            entry["file"], str(len(original.graph.node)), *map(str, counts), *(f"{t:.3f}" for t in times),
+            *(_ratio(counts[0], c) for c in counts[1:]), *(_ratio(times[0], t) for t in times[1:]),
+            *("same" if s else "DIFFER" for s in same),
+        ])
+    rows.append([
+        "total", str(totals["before"]), str(totals["ours"]), *(str(totals[p]) for p in peers),
+        f"{totals['ours s']:.3f}", *(f"{totals[f'{p} s']:.3f}" for p in peers),
+        *(_ratio(totals["ours"], totals[p]) for p in peers),
+        *(_ratio(totals["ours s"], totals[f"{p} s"]) for p in peers),
+        "", *("" for _ in peers),
+    ])
+    print(_table(rows))
+    if differences:
+        print("\nop counts, ours - peer (only the op types that differ):")
+        for file, name, delta in differences:
+            print(f"  {file} vs {name}: {delta or 'none'}")
     return 0
 
 

@@ -232,6 +232,61 @@ def test_slice_min_is_taken_only_where_provable():
     assert sliced(7, 1, 100, 2) == 3
 
 
+def test_a_slice_from_minus_the_dim_to_the_end_is_the_whole_axis():
+    # T5's position_bias[:, :, -seq:, :]: the start is Neg(Gather(Shape(x), 1)), -seq at run time.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["seq"], start=1, end=2),
+        helper.make_node("Neg", ["seq"], ["minus_seq"]),
+        helper.make_node("Slice", ["bias", "minus_seq", "far", "axis"], ["tail"]),  # bias[-s:] on axis 1
+        helper.make_node("Slice", ["bias", "minus_three", "far", "axis"], ["last_3"]),  # bias[-3:] on axis 1
+        helper.make_node("Slice", ["bias", "minus_seq", "far", "zero"], ["other"]),  # bias[-s:] on axis 0, t long
+    ]
+    model = _model(
+        nodes, [_tensor("x", FLOAT, ["b", "s", 8]), _tensor("bias", FLOAT, ["t", "s"])],
+        [_tensor(n, FLOAT, None) for n in ("tail", "last_3", "other")],
+        [_ints("far", [2**63 - 1]), _ints("axis", [1]), _ints("zero", [0]), _ints("minus_three", [-3])],
+    )
+    adapter = _infer(model, {"tail": (S("t"), S("s")), "last_3": (S("t"), S("min(3,s)"))})
+    assert adapter.main.values["minus_seq"].contents == [S("(0-s)")]
+    assert adapter.main.values["other"].shape == (UNKNOWN, S("s"))  # min(s, t): -s clamps to 0 only if s >= t
+    sliced = onnx_shapes._sliced_dim
+    assert sliced(S("s"), S("(0-s)"), 2**63 - 1, 1) == S("s")
+    assert sliced(S("s"), S("(0-t)"), 2**63 - 1, 1) is UNKNOWN  # -t clamps to 0 only when t >= s
+    assert sliced(S("s"), S("(0-s)"), S("s"), 1) is UNKNOWN  # only up to the end is taken
+    assert sliced(S("s"), -3, 2**63 - 1, 1) == S("min(3,s)")
+
+
+def test_a_clamped_dim_broadcast_against_what_it_clamps_is_that_dim():
+    # BERT's position and token-type ids: a [1, 64] buffer sliced to [1, min(64, s)] and expanded to
+    # [b, s], or added to a [b, s, .] tensor. Where the broadcast runs at all, min(64, s) is s or 1.
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["shape"]),
+        helper.make_node("Shape", ["ids"], ["seq"], start=1, end=2),
+        helper.make_node("Slice", ["buffer", "zero", "seq", "one"], ["positions"]),  # [1, min(64, s)]
+        helper.make_node("Expand", ["positions", "shape"], ["expanded"]),
+        helper.make_node("Gather", ["table", "positions"], ["embedded"]),  # [1, min(64, s), 4]
+        helper.make_node("Add", ["x", "embedded"], ["summed"]),
+    ]
+    model = _model(
+        nodes, [_tensor("ids", INT64, ["b", "s"]), _tensor("x", FLOAT, ["b", "s", 4])],
+        [_tensor(n, t, None) for n, t in (("expanded", INT64), ("summed", FLOAT))],
+        [_ints("buffer", [list(range(64))]), _ints("zero", [0]), _ints("one", [1]),
+         _floats("table", [64, 4])],
+    )
+    adapter = OnnxAdapter(model)
+    values = adapter.main.values
+    assert values["positions"].shape == (1, S("min(64,s)"))
+    assert values["expanded"].shape == (S("b"), S("s"))
+    assert values["summed"].shape == (S("b"), S("s"), 4)
+    for sizes in ({"b": 2, "s": 5}, {"b": 3, "s": 1}):
+        _check_against_runtime(model, adapter, sizes, names={"expanded", "summed"})
+    clamped = onnx_shapes._clamped_to
+    assert clamped(S("min(64,s)"), [S("s"), 1]) == S("s")
+    assert clamped(S("min(0,s)"), [S("s")]) == S("min(0,s)")  # min(0, s) is 0, and broadcast(0, 1) is 0
+    assert clamped(S("min(s,t)"), [S("s")]) == S("min(s,t)")  # t may be neither 1 nor s
+    assert clamped(S("min(64,s)"), [S("t")]) == S("min(64,s)")  # against another dim: nothing to say
+
+
 # ---------------------------------------------------------------- Flatten, Trilu, Size
 
 

@@ -588,19 +588,61 @@ def _same(adapter, node):
     return [(_shape(node, 0), _dtype(node))]
 
 
+def _clamped_to(dim, others):
+    """The dim of `others` that `dim` = min(k, x) broadcasts to, if `dim` is one with a literal k >= 1 and x
+    among `others`; else `dim` itself.
+
+    broadcast(min(k, x), x) is x wherever broadcasting succeeds, which the broadcast algebra assumes throughout:
+    where x <= k the min is x; where x > k the min is k < x, and that broadcasts only if k == 1, giving x.
+    (k >= 1 matters: min(0, x) is 0, and broadcast(0, 1) is 0, not 1.) BERT's position and token-type ids are a
+    buffer sliced to min(max_positions, seq) that meets seq-long tensors this way.
+    """
+    if type(dim) is not Symbol:
+        return dim
+    arguments = _arguments(dim.name)
+    if arguments is None or len(arguments) != 2:
+        return dim
+    for bound, argument in (arguments, arguments[::-1]):
+        try:
+            if int(bound) < 1:
+                continue
+        except ValueError:
+            continue
+        for other in others:
+            if type(other) is Symbol and other.name == argument:
+                return other
+    return dim
+
+
+def _broadcast_shapes(*shapes):
+    """`dims.broadcast_shapes`, with a min(k, x) broadcast against x taken to be x (see `_clamped_to`)."""
+    if any(shape is None for shape in shapes) or not any(
+        type(d) is Symbol and d.name.startswith("min(") for shape in shapes for d in shape
+    ):
+        return dims.broadcast_shapes(*shapes)
+    rank = max(len(shape) for shape in shapes)
+    columns = [[shape[axis - rank + len(shape)] for shape in shapes if axis - rank + len(shape) >= 0]
+               for axis in range(rank)]
+    clamped = [
+        tuple(_clamped_to(d, columns[position + rank - len(shape)]) for position, d in enumerate(shape))
+        for shape in shapes
+    ]
+    return dims.broadcast_shapes(*clamped)
+
+
 def _broadcast(adapter, node):
     shapes = [v.shape for v in node.inputs if v is not None]
-    return [(dims.broadcast_shapes(*shapes), _dtype(node))]
+    return [(_broadcast_shapes(*shapes), _dtype(node))]
 
 
 def _compare(adapter, node):
     shapes = [v.shape for v in node.inputs if v is not None]
-    return [(dims.broadcast_shapes(*shapes), "bool")]
+    return [(_broadcast_shapes(*shapes), "bool")]
 
 
 def _where(adapter, node):
     shapes = [v.shape for v in node.inputs if v is not None]
-    return [(dims.broadcast_shapes(*shapes), _dtype(node, 1))]
+    return [(_broadcast_shapes(*shapes), _dtype(node, 1))]
 
 
 def _expand(adapter, node):
@@ -609,7 +651,7 @@ def _expand(adapter, node):
     if target is None or shape is None:
         return [(None, _dtype(node))]
     if target.contents is not None:
-        return [(dims.broadcast_shapes(shape, target.contents), _dtype(node))]
+        return [(_broadcast_shapes(shape, target.contents), _dtype(node))]
     length = _vector_length(target)
     if length is not None:
         return [((UNKNOWN,) * max(len(shape), length), _dtype(node))]
@@ -880,12 +922,23 @@ def _sliced_dim(dim, start, end, step):
         return UNKNOWN
     if start == 0:
         return stop
+    if is_literal(end) and end >= _FAR and not is_literal(start) and _at_least(_negated(start), dim):
+        # dim[-p:] with p >= dim: the start clamps to 0 (and -0 is 0), the whole axis. T5's x[:, :, -seq:, :].
+        return dim
+    if is_literal(end) and end >= _FAR and is_literal(start) and start < 0:
+        return _minimum(dim, -int(start))  # dim[-k:] is the last min(k, dim), k >= 1
     if is_literal(start) and start < 0:
         return UNKNOWN
     if not _nonnegative(_poly(start)):
         return UNKNOWN
     # clamp(start) = min(start, dim); when stop >= start (so dim >= start), it is start.
     return _difference(stop, start) if _at_least(stop, start) else UNKNOWN
+
+
+def _negated(dim):
+    """-dim as a dim (an expression over sizes), or UNKNOWN."""
+    poly = _poly(dim)
+    return UNKNOWN if poly is None else _dim_of_poly(_poly_scale(poly, -1))
 
 
 def _slice_contents(adapter, node):
@@ -1049,6 +1102,13 @@ def _divide_contents(adapter, node):
         else:
             result.append(UNKNOWN)
     return result
+
+
+def _neg_contents(adapter, node):
+    source = _in(node, 0)
+    if source is None or source.contents is None or source.dtype not in ("int64", "int32"):
+        return None
+    return [-v if type(v) is int else dims.subtract(0, v) if v is not UNKNOWN else UNKNOWN for v in source.contents]
 
 
 def _not_contents(adapter, node):
@@ -1474,6 +1534,7 @@ _CONTENTS = {
     "Range": _range_contents,
     "Div": _divide_contents,
     "Not": _not_contents,
+    "Neg": _neg_contents,
     "Reshape": _flatten_contents,
     "Add": _elementwise_contents("+"),
     "Sub": _elementwise_contents("-"),

@@ -17,11 +17,13 @@ Re-run (needs torch, transformers, onnxscript, onnx, onnxruntime) from the repos
     python tests/backends/onnx_models/export_models.py
 
 Re-running regenerates the .onnx files and the manifest and re-verifies every file; it exits non-zero if any
-verification fails.
+verification fails. ``--only bert t5_encoder`` re-exports only the named models and keeps the other files and their
+manifest entries (the new entries record their own versions if they differ from the manifest's).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -181,6 +183,68 @@ def build_gpt2(ones_mask: bool = False) -> nn.Module:
     return CausalLMLogits(GPT2LMHeadModel(config), ones_mask)
 
 
+class EncoderHidden(nn.Module):
+    """Wrap a transformers encoder so that forward(input_ids, attention_mask) returns only last_hidden_state."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+ENCODER_HIDDEN = 64
+PERTURBATION = 0.02  # BERT's and T5's initializer_range scale
+
+
+def perturbed(model: nn.Module) -> nn.Module:
+    """Add N(0, PERTURBATION^2) noise to every parameter.
+
+    transformers initialises every bias to 0 and every norm gain to 1 (and the dynamo exporter then shares all the
+    equal ones as one initializer), so a tool could drop Add(x, 0) and Mul(x, 1) nodes that no trained model has.
+    The noise keeps the initialiser's scale and makes no parameter exactly 0 or 1.
+    """
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * PERTURBATION)
+    return model
+
+
+def build_bert() -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        hidden_size=ENCODER_HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=2 * ENCODER_HIDDEN,
+        vocab_size=VOCAB,
+        max_position_embeddings=MAX_POSITIONS,
+        type_vocab_size=2,
+        pad_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    # No pooler: only last_hidden_state is an output, and a pooler nothing reads would be dropped by the exporters.
+    return EncoderHidden(perturbed(BertModel(config, add_pooling_layer=False)))
+
+
+def build_t5_encoder() -> nn.Module:
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=ENCODER_HIDDEN,
+        d_kv=ENCODER_HIDDEN // HEADS,
+        d_ff=2 * ENCODER_HIDDEN,
+        num_layers=2,
+        num_heads=HEADS,
+        use_cache=False,
+    )
+    config._attn_implementation = "eager"
+    return EncoderHidden(perturbed(T5EncoderModel(config)))
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Model specs
 # --------------------------------------------------------------------------------------------------------------------
@@ -282,6 +346,34 @@ SPECS = [
         [ids_input("input_ids", "batch", "seq")],
         ["logits"],
         notes=["attn_implementation='eager'", "use_cache=False", f"seq must be <= {MAX_POSITIONS} (n_positions)"],
+    ),
+    ModelSpec(
+        "bert",
+        f"transformers BertModel, 2 layers, hidden {ENCODER_HIDDEN}, 4 heads, intermediate {2 * ENCODER_HIDDEN}, "
+        f"vocab {VOCAB}, no pooler; last_hidden_state only",
+        [Variant("default", build_bert)],
+        [ids_input("input_ids", "batch", "seq"), ids_input("attention_mask", "batch", "seq", high=2)],
+        ["last_hidden_state"],
+        notes=[
+            "attn_implementation='eager'",
+            "add_pooling_layer=False",
+            f"every parameter perturbed by N(0, {PERTURBATION}^2): no bias is exactly 0, no LayerNorm gain exactly 1",
+            "token_type_ids not given: the model expands its zero buffer to (batch, seq)",
+            f"seq must be <= {MAX_POSITIONS} (max_position_embeddings)",
+        ],
+    ),
+    ModelSpec(
+        "t5_encoder",
+        f"transformers T5EncoderModel, 2 layers, d_model {ENCODER_HIDDEN}, 4 heads, d_kv {ENCODER_HIDDEN // HEADS}, "
+        f"d_ff {2 * ENCODER_HIDDEN}, vocab {VOCAB}, relative position buckets; last_hidden_state only",
+        [Variant("default", build_t5_encoder)],
+        [ids_input("input_ids", "batch", "seq"), ids_input("attention_mask", "batch", "seq", high=2)],
+        ["last_hidden_state"],
+        notes=[
+            "attn_implementation='eager'",
+            "use_cache=False",
+            f"every parameter perturbed by N(0, {PERTURBATION}^2): no RMSNorm gain is exactly 1",
+        ],
     ),
 ]
 
@@ -611,29 +703,58 @@ def summary_line(entry: dict) -> str:
     )
 
 
-def main() -> int:
+def versions() -> dict:
     import transformers
 
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export the ONNX test models and write manifest.json.")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[spec.name for spec in SPECS],
+        help="export only these models; the other files and their manifest entries are kept as they are, and the "
+        "new entries record the versions they were made with when those differ from the manifest's",
+    )
+    arguments = parser.parse_args(argv)
+    specs = [spec for spec in SPECS if arguments.only is None or spec.name in arguments.only]
+
     entries = []
-    for spec in SPECS:
+    for spec in specs:
         for exporter in EXPORTERS:
             entries.append(export_one(spec, exporter))
             print(summary_line(entries[-1]), flush=True)
 
+    if arguments.only is None:
+        manifest_versions = versions()
+        kept = []
+    else:
+        previous = json.loads(MANIFEST.read_text(encoding="utf-8"))
+        manifest_versions = previous["versions"]
+        if versions() != manifest_versions:
+            for entry in entries:
+                entry["versions"] = versions()
+        # Keep the other models' entries, in SPECS order.
+        kept = [e for e in previous["files"] if e["model"] not in arguments.only]
+    order = {spec.name: i for i, spec in enumerate(SPECS)}
+    merged = sorted(kept + entries, key=lambda e: order.get(e["model"], len(order)))
+
     manifest = {
         "generated_by": "python tests/backends/onnx_models/export_models.py",
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "onnx": onnx.__version__,
-            "onnxruntime": ort.__version__,
-        },
+        "versions": manifest_versions,
         "seed": SEED,
         "export_dims": EXPORT_DIMS,
         "test_dims": TEST_DIMS,
         "tolerance": {"rtol": RTOL, "atol": ATOL},
         "dropped_node_metadata": f"dynamo exports: node metadata_props with keys starting {DROPPED_METADATA_PREFIX!r}",
-        "files": entries,
+        "files": merged,
     }
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
