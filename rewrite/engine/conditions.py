@@ -626,6 +626,12 @@ def _block_output(adapter, value):
     return Truth.of(adapter.is_block_output(value))
 
 
+def _is_input(adapter, value):
+    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
+        return Truth.UNKNOWN
+    return Truth.of(adapter.producer(value) is None)
+
+
 def _same_block(adapter, value, other):
     if value is None or other is None:
         return Truth.NO
@@ -967,6 +973,23 @@ def _elements(adapter, value):
     return [int(v) for v in array.reshape(-1)]
 
 
+def _dim_source(adapter, dim):
+    find = getattr(adapter, "dim_source", None)
+    if find is None or not isinstance(dim, Symbol):
+        return None
+    return find(dim)
+
+
+def _input_of_dim(adapter, dim):
+    source = _dim_source(adapter, dim)
+    return UNKNOWN if source is None else source[0]
+
+
+def _axis_of_dim(adapter, dim):
+    source = _dim_source(adapter, dim)
+    return UNKNOWN if source is None else source[1]
+
+
 def _unscaled(adapter, value):
     return _scaling_chain(adapter, value)[0]
 
@@ -998,6 +1021,7 @@ _BUILTINS: dict[str, Callable] = {
     "use_count": _use_count,
     "one_use": _one_use,
     "block_output": _block_output,
+    "is_input": _is_input,
     "same_block": _same_block,
     "broadcasts": _broadcasts,
     "op_type": _op_type,
@@ -1019,6 +1043,8 @@ _BUILTINS: dict[str, Callable] = {
     "lower_bound": _lower_bound,
     "upper_bound": _upper_bound,
     "elements": _elements,
+    "input_of_dim": _input_of_dim,
+    "axis_of_dim": _axis_of_dim,
     "available": _available,
     "mod": _mod,
 }

@@ -179,6 +179,11 @@ class Adapter(Protocol):
         cannot tell. `follow_unknown_dim` does the walk for an adapter.
         `rewrite explain` names this op where a condition failed on a `?`."""
 
+    def dim_source(self, dim) -> tuple[Value, int] | None:
+        """Optional. (a function input, an axis) whose dim is the symbol `dim` at
+        run time; None if no input has it. The builtins `input_of_dim` and
+        `axis_of_dim` read it."""
+
     def output_types_with(self, op: Op, old: Value, new: Value) -> list | None:
         """Optional. The (dtype, dims) of `op`'s outputs were its operand `old`
         replaced by `new`, by the IR's own type inference; None if it cannot

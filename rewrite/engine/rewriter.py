@@ -249,6 +249,14 @@ class Rewriter:
                 continue
             if isinstance(replacement, ast.ValueRef):
                 new = env[replacement.var]
+            elif isinstance(replacement, ast.Index):  # `%old -> %items[i]`: one of a bound tuple
+                new = self.evaluator.value(replacement, env)
+                reason = why_no_value(new)
+                if reason is None and isinstance(new, (bool, int, float, str, list, tuple, Truth)):
+                    reason = "it is a constant, not a value of the graph"
+                if reason is not None:
+                    argument = ast.Argument(action.target, replacement, replacement.span)
+                    raise _NoValue(Unevaluable(argument, replacement, new, reason))
             else:
                 if isinstance(replacement, ast.OpBuild):
                     new = self._build(rule, replacement, env, anchor)

@@ -310,10 +310,11 @@ class BuildAction:
 
 @dataclass(frozen=True)
 class ReplaceAction:
-    """`%old -> replacement`: every use of `%old` is redirected to the replacement."""
+    """`%old -> replacement`: every use of `%old` is redirected to the replacement
+    (a value, `%items[i]` one of a tuple a rest or variadic operand bound, or a new op)."""
 
     target: str
-    replacement: ValueRef | OpBuild | Rebuild
+    replacement: ValueRef | Index | OpBuild | Rebuild
     span: Span = field(compare=False)
     within: str | None = None  # `%old -> %new in %op`: only %op's operands change
 

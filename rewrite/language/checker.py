@@ -458,7 +458,7 @@ class Checker:
         if action.within is not None and action.within not in scope.values:
             self._unbound(action.span, action.within)
         replacement = action.replacement
-        if isinstance(replacement, ast.ValueRef):
+        if isinstance(replacement, (ast.ValueRef, ast.Index)):
             self.check_expr(replacement, scope)
         elif isinstance(replacement, ast.OpBuild):
             self._check_build(replacement, scope, complete=True)

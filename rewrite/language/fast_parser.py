@@ -641,11 +641,18 @@ class FastParser:
             _check(height)
             rebuild = _Rebuild(token[1], tuple(arguments), self.token_span(token))
             return _ReplaceAction(target[1], rebuild, self.token_span(target), None)
+        source = _ValueRef(token[1], self.token_span(token))
+        if self.tokens[self.position][0] == "[":  # `%old -> %items[i]`
+            self.position += 1
+            position = self.expr()
+            end = self.expect("]")[3]
+            _check(1 + position[1])
+            element = _Index(source, position[0], self.span(token[2], end))
+            return _ReplaceAction(target[1], element, self.token_span(target), None)
         within = None
         if self.at_keyword("in"):
             self.position += 1
             within = self.expect("VAR")[1]
-        source = _ValueRef(token[1], self.token_span(token))
         return _ReplaceAction(target[1], source, self.token_span(target), within)
 
     def op_build(self, name: tuple) -> tuple:

@@ -97,6 +97,8 @@ def _occurrences(rule: ast.Rule):
         replacement = action.replacement
         if isinstance(replacement, ast.ValueRef):
             yield replacement.var, "use", replacement.span
+        elif isinstance(replacement, ast.Index):
+            yield from _expr(replacement)
         elif isinstance(replacement, ast.OpBuild):
             yield from _arguments(replacement.arguments)
         else:

@@ -101,6 +101,7 @@ MAX_CONDITIONS = 64
 # between them (operands, arguments, clauses) add no level of their own.
 _NESTING_NODES = frozenset({
     "op_pattern", "op_build", "list", "comprehension", "tuple_comprehension_argument", "call", "index",
+    "replace_with_element",
     "choose", "forall", "exists", "every_use", "or_", "and_", "not_",
     "compare", "same_value", "different_value", "is_op", "is_not_op",
     "add", "subtract", "multiply", "divide", "negate",
@@ -583,6 +584,14 @@ class _ToAst(Transformer_NonRecursive):
         return ast.ReplaceAction(
             str(target), ast.ValueRef(str(source), self._token_span(source)), self._token_span(target)
         )
+
+    def replace_with_element(self, meta, children):
+        target, source, position = children
+        element = ast.Index(
+            ast.ValueRef(str(source), self._token_span(source)), position,
+            ast.Span(self.source.path, source.line, source.column, meta.end_line, meta.end_column),
+        )
+        return ast.ReplaceAction(str(target), element, self._token_span(target))
 
     def replace_with_op(self, meta, children):
         target, op_build = children

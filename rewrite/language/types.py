@@ -91,6 +91,8 @@ BUILTINS: dict[str, Signature] = {
                    "Exactly one op uses the value, and it is no block output."),
         _signature("block_output", "value", Type.BOOL,
                    "The value is an output of a block (a function output included)."),
+        _signature("is_input", "value", Type.BOOL,
+                   "No op makes the value: an input of a function or block (in ONNX, an initializer too)."),
         _signature("same_block", "value, other:value", Type.BOOL,
                    "The two values are defined in the same block."),
         _signature("broadcasts", "value", Type.BOOL,
@@ -159,6 +161,12 @@ BUILTINS: dict[str, Signature] = {
                    "The elements of an integer value, flattened, as the backend proves them for run "
                    "time: a constant's, or, where the value is computed from shapes (a `shape`, "
                    "sliced, gathered, concatenated, added), numbers and symbolic dims; unknown otherwise."),
+        _signature("input_of_dim", "dim:number", Type.VALUE,
+                   "The function input that has the symbolic dim on one of its axes (the first, in "
+                   "input order); unknown for a literal or a symbol no input has. With axis_of_dim, "
+                   "where to read a runtime size from: gather(shape(input_of_dim(d)), axis_of_dim(d))."),
+        _signature("axis_of_dim", "dim:number", Type.NUMBER,
+                   "The axis of input_of_dim(dim) that has the dim."),
         _signature("every_row_any", "items:any", Type.BOOL,
                    "Every row (along the last axis) of a nested list holds a true (non-zero) element."),
         _signature("abs", "x:number", Type.NUMBER, "The absolute value."),

@@ -219,3 +219,46 @@ rule program "holds the program"
         assert statistics.fired("tile_reps_from_size_list") == 0
         assert statistics.rules["tile_reps_from_size_list"].refused == 1
     assert [op.op_type for op in program.functions["main"].operations] == before
+
+
+def test_a_slice_coremltools_types_wrongly_has_no_shape_nor_does_what_is_computed_from_it(tmp_path):
+    """x[1:] of a (1, n) tensor, with the end a runtime value: coremltools states (1, n), though
+    it is (0, n) at run time, and the add after it (1, 2, 4) though it is (0, 2, 4). The adapter
+    states no shape for either (its own proof gives the true one), so the rule that would read
+    the add's shape does not fire; a slice from the start is typed right and keeps its shape."""
+    from rewrite.backends.mil.adapter import MilAdapter
+
+    def program(begin: str):
+        return _program_from_example(f"""dialect mil
+rule program "holds the program"
+  match %r = relu(x=%x)
+  rewrite %r -> %x
+  example "token types sliced"
+    input %words: fp32[1, 2, 4]
+    input %ids: int32[1, B]
+    %shape = shape(x=%ids)
+    %zeros = fill(shape=%shape, value=0)
+    %types = slice_by_index(x=%zeros, begin={begin}, end=%shape, end_mask=[true, false])
+    %rows = gather(x=[[0.5, 1.0, -2.0, 3.0], [1.0, 2.0, 3.0, 4.0]], indices=%types, axis=0, batch_dims=0)
+    %sum = add(x=%words, y=%rows)
+    output %sum
+  unchanged
+""", tmp_path)
+
+    wrong = program("[1, 0]")
+    adapter = MilAdapter(wrong)
+    values = {op.outputs[0].name: op.outputs[0] for op in wrong.functions["main"].operations}
+    assert _shape_of(values["types"]) == (1, "is") and _shape_of(values["sum"]) == (1, 2, 4)  # as stated
+    assert adapter.shape(values["types"]) is None and adapter.shape(values["sum"]) is None
+    assert adapter.proven_shape(values["sum"])[0] == 0
+    assert adapter.shape(values["zeros"]) is not None
+    rules = rewrite.load_rules().only("add_uniform_embedding_row")
+    assert rules.apply(wrong).fired("add_uniform_embedding_row") == 0
+
+    right = program("[0, 0]")
+    values = {op.outputs[0].name: op.outputs[0] for op in right.functions["main"].operations}
+    assert MilAdapter(right).shape(values["sum"]) == (1, 2, 4)
+
+
+def _shape_of(var):
+    return tuple(d if isinstance(d, int) else "is" for d in var.shape)

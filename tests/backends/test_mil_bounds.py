@@ -47,13 +47,18 @@ def positions(x, start=0, step=1):
     return mb.range_1d(start=np.int32(start), end=length_of(x), step=np.int32(step))
 
 
+INT32_MAX = 2**31 - 1
+
 CASES = {
     # what is proved, and what must stay unknown
-    "a range from 0": (lambda x: positions(x), (0, UNKNOWN)),
-    "a range from 3, moved": (lambda x: mb.expand_dims(x=positions(x, 3), axes=[0]), (3, UNKNOWN)),
+    # A dim is at most what the shape's int32 holds, so a range below it is
+    # below that, and one more than such a range still fits.
+    "a range from 0": (lambda x: positions(x), (0, INT32_MAX - 1)),
+    "a range from 0, plus one": (lambda x: mb.add(x=positions(x), y=np.int32(1)), (1, INT32_MAX)),
+    "a range from 3, moved": (lambda x: mb.expand_dims(x=positions(x, 3), axes=[0]), (3, INT32_MAX - 1)),
     "a range counting down to -3": (
-        lambda x: mb.range_1d(start=length_of(x), end=np.int32(-3), step=np.int32(-1)), (-2, UNKNOWN)),
-    "a shape's dims": (lambda x: mb.shape(x=x), (0, UNKNOWN)),
+        lambda x: mb.range_1d(start=length_of(x), end=np.int32(-3), step=np.int32(-1)), (-2, INT32_MAX)),
+    "a shape's dims": (lambda x: mb.shape(x=x), (0, INT32_MAX)),
     "a constant slice": (
         lambda x: mb.slice_by_index(x=np.array([4, 0, 7, 2], np.int32), begin=[0],
                                     end=mb.expand_dims(x=length_of(x), axes=[0])), (0, 7)),
@@ -68,7 +73,9 @@ CASES = {
     "a select of two bounded values": (
         lambda x: mb.select(cond=mb.greater(x=mb.reduce_sum(x=x, axes=[1]), y=0.0),
                             a=np.int32(-4), b=np.int32(9)), (-4, 9)),
-    "a maximum with an unbounded value": (lambda x: mb.maximum(x=positions(x, -5), y=np.int32(2)), (2, UNKNOWN)),
+    "a maximum with a bounded value": (lambda x: mb.maximum(x=positions(x, -5), y=np.int32(2)), (2, INT32_MAX - 1)),
+    "a maximum with an unbounded value": (lambda x: mb.maximum(x=mb.cast(x=x, dtype="int32"), y=np.int32(2)),
+                                          (2, UNKNOWN)),
     "a cast from a float": (lambda x: mb.cast(x=x, dtype="int32"), (UNKNOWN, UNKNOWN)),
     "a float": (lambda x: mb.add(x=x, y=1.0), (UNKNOWN, UNKNOWN)),
     "a comparison": (lambda x: mb.greater(x=x, y=0.0), (0, 1)),

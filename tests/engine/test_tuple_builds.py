@@ -83,3 +83,38 @@ def test_a_tuple_item_without_a_value_means_no_fire(tmp_path):
     statistics = rewrite.load_rules(path).apply(model)
     assert statistics.fired("flatten_max") == 0
     assert [n.op_type for n in model.graph.node] == ["Max", "Max"]
+
+
+SINGLE_SUM = """dialect onnx
+
+rule single_sum
+  "A Sum of one input is that input."
+  match %s = Sum(data_0=%parts)
+  where len(%parts) == 1 and not block_output(%s)
+  rewrite %s -> %parts[POSITION]
+"""
+
+
+def _single_sum_model():
+    nodes = [helper.make_node("Sum", ["a"], ["s"], name="sum"), helper.make_node("Relu", ["s"], ["out"], name="relu")]
+    return _model(nodes, [("a", ["n", 3])], "out", ["n", 3])
+
+
+def test_a_replacement_by_one_of_the_bound_values(tmp_path):
+    path = tmp_path / "sum.rules"
+    path.write_text(SINGLE_SUM.replace("POSITION", "0"))
+    model = _single_sum_model()
+    feeds = {"a": np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)}
+    before = _session(model).run(None, feeds)[0]
+    assert rewrite.load_rules(path).apply(model).fired("single_sum") == 1
+    assert [(n.op_type, list(n.input)) for n in model.graph.node] == [("Relu", ["a"])]
+    np.testing.assert_array_equal(_session(model).run(None, feeds)[0], before)
+
+
+def test_a_replacement_by_an_element_out_of_range_does_not_fire(tmp_path):
+    path = tmp_path / "sum.rules"
+    path.write_text(SINGLE_SUM.replace("POSITION", "1"))
+    model = _single_sum_model()
+    statistics = rewrite.load_rules(path).apply(model)
+    assert statistics.fired("single_sum") == 0 and statistics.rules["single_sum"].unevaluable == 1
+    assert [n.op_type for n in model.graph.node] == ["Sum", "Relu"]

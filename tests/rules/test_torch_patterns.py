@@ -113,6 +113,39 @@ class CausalBufferAttention(Heads):
         return self.merge(torch.softmax(torch.where(causal, scores, lowest), dim=-1) @ v)
 
 
+class CausalSdpa(Heads):
+    """transformers' AttentionMaskConverter._make_causal_mask given to SDPA (GPT-2's sdpa
+    attention): a (L, L) fill of the lowest float, masked_fill'ed with 0 where
+    arange(L) < (arange(L) + 1) as a column, expanded to (B, 1, L, L)."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        length = x.size(1)
+        mask = torch.full((length, length), torch.finfo(x.dtype).min)
+        mask_cond = torch.arange(mask.size(-1))
+        mask = mask.masked_fill(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+        mask = mask[None, None, :, :].expand(x.size(0), 1, length, length)
+        return self.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+class DecoderCausalMask(Heads):
+    """Hugging Face's causal mask for decoders (Llama's _prepare_4d_causal_attention_mask_with_
+    cache_position, no past): a (L, L + 1) fill of the lowest float, triu(diagonal=1), times
+    arange(L + 1) > cache_position, expanded, and sliced to the keys' length."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        length = x.size(1)
+        cache_position = torch.arange(length)
+        target = length + 1
+        mask = torch.full((length, target), torch.finfo(x.dtype).min)
+        mask = torch.triu(mask, diagonal=1)
+        mask = mask * (torch.arange(target) > cache_position.reshape(-1, 1))
+        mask = mask[None, None, :, :].expand(x.size(0), 1, -1, -1)
+        mask = mask[:, :, :, : k.shape[-2]]
+        return self.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
 class PrescaledQueryAttention(Heads):
     """The scale on the query, as some models write it: the fused op's own 1/sqrt(E) undoes it."""
 
@@ -296,6 +329,8 @@ MODELS = {
     "embeddings": Embeddings,
     "repeat_kv": RepeatKeyValue,
     "expanded_token": ExpandedToken,
+    "causal_sdpa": CausalSdpa,
+    "decoder_causal_mask": DecoderCausalMask,
 }
 
 SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
@@ -332,6 +367,40 @@ def test_coremltools_own_lowering_of_sdpa_with_scale_is_fused_back(flexible):
     # The query's mul(q, 0.3) now multiplies by 0.3·sqrt(8) instead: one mul
     # still, not a second one on top of it.
     assert histogram(ours)["mul"] == histogram(default)["mul"]
+
+
+def test_a_causal_mask_built_at_run_time_becomes_a_boolean_one():
+    # Flexible: coremltools builds select(less(r, r + 1 as a column), 0, fill(L, L)) and
+    # expands it twice; the length read back from the fill is the length
+    # (shape_of_fill, gather_of_scalar_concat), the two ranges merge, the two
+    # expand_dims are one, and the float mask becomes its condition.
+    _, default, _ = converted("causal_sdpa", True, False)
+    _, ours, fired = converted("causal_sdpa", True, True)
+    for rule in ("shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool"):
+        assert fired[rule] >= 1, (rule, fired)
+    before, after = histogram(default), histogram(ours)
+    assert before["fill"] == 1 and before["select"] == 2 and before["tile"] == 1 and before["shape"] == 3
+    assert after["fill"] == after["fill_like"] == after["select"] == after["tile"] == 0
+    assert after["shape"] == after["gather"] == after["range_1d"] == after["expand_dims"] == 1
+    assert ops(ours) == ops(default) - 12
+    assert_computes("causal_sdpa", True)
+    _, static, _ = converted("causal_sdpa", False, True)
+    # the length read (shape, gather), its range, r + 1, the column (a reshape), less, expand_dims
+    assert histogram(ours) - histogram(static) == Counter(
+        {"shape": 1, "gather": 1, "range_1d": 1, "add": 1, "reshape": 1, "less": 1, "expand_dims": 1})
+    assert_computes("causal_sdpa", False)
+
+
+def test_a_decoder_causal_mask_becomes_a_boolean_one():
+    _, default, _ = converted("decoder_causal_mask", True, False)
+    _, ours, fired = converted("decoder_causal_mask", True, True)
+    assert fired["sdpa_decoder_causal_mask_to_bool"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["band_part"] == 1 and before["fill"] == 1 and before["greater"] == 1
+    assert after["band_part"] == after["fill"] == after["greater"] == after["cast"] == after["mul"] == 0
+    assert after["less_equal"] == 1
+    assert ops(ours) < ops(default) - 5
+    assert_computes("decoder_causal_mask", True)
 
 
 # ------------------------------------------------------------------ masked_fill(~mask, -inf)
@@ -438,7 +507,9 @@ def test_an_expanded_buffer_slice_needs_no_runtime_tile():
     # with the equal/select/real_div plumbing, goes.
     _, default, _ = converted("embeddings", True, False)
     _, ours, fired = converted("embeddings", True, True)
-    assert fired["constant_tile_reps"] == 1 and fired["remove_identity_tile"] >= 1
+    # The reps are proved to be ones: folded as a constant (fold_proved_int_value)
+    # or given to the tile as one (constant_tile_reps), whichever comes first.
+    assert fired["constant_tile_reps"] + fired["fold_proved_int_value"] >= 1 and fired["remove_identity_tile"] >= 1
     before, after = histogram(default), histogram(ours)
     assert before["tile"] == 1 and before["real_div"] == 1
     assert after["tile"] == after["real_div"] == after["equal"] == 0
@@ -501,7 +572,9 @@ def test_gather_guards_stay_where_an_index_may_be_negative():
 def test_grouped_query_attention_repeats_by_constant_reps():
     _, default, _ = converted("repeat_kv", True, False)
     _, ours, fired = converted("repeat_kv", True, True)
-    assert fired["constant_tile_reps"] == 2
+    # The reps are proved constant: given to each tile (constant_tile_reps) or
+    # folded first (fold_proved_int_value); the repeat itself stays.
+    assert fired["constant_tile_reps"] + fired["fold_proved_int_value"] >= 2
     before, after = histogram(default), histogram(ours)
     assert before["tile"] == after["tile"] == 2  # the repeat itself stays; what computed its reps goes
     assert after["real_div"] == after["equal"] == after["shape"] == 0
@@ -520,8 +593,10 @@ RUNTIME_MASK = {
     "scaling_chain": Counter(),
     # tril(ones(L, L)): the length read, a fill of (L, L), cast to bool, its band
     "masked_fill": Counter({"shape": 1, "gather": 1, "concat": 1, "fill": 1, "cast": 1, "band_part": 1}),
-    # bias[:, :, kl - ql:kl, :kl]: both lengths read, subtracted, two slices by them
-    "causal_buffer": Counter({"shape": 2, "gather": 2, "sub": 1, "concat": 3, "slice_by_index": 2}),
+    # bias[:, :, kl - ql:kl, :kl]: the length read once (both are the input's,
+    # read_sizes_from_the_input), kl - ql proved 0 and folded (fold_proved_int_value),
+    # two slices by the length
+    "causal_buffer": Counter({"shape": 1, "gather": 1, "concat": 2, "slice_by_index": 2}),
 }
 
 

@@ -162,8 +162,28 @@ class MilAdapter:
         self._proven_shapes: dict[int, tuple] = {}
         self._shape_values: dict[int, tuple] = {}
         self._bounds = BoundsProver()
+        # ids of vars whose stated type may not hold (see _misstated_slice);
+        # None until the first shape is asked for.
+        self._mistyped: set[int] | None = None
         for function in program.functions.values():
             self._index_inputs(function)
+
+    def dim_source(self, dim) -> tuple[Var, int] | None:
+        """(function input, axis) where the symbolic dim `dim` is the input's own, the
+        first such in input order; None for a literal, a symbol no input has, or one
+        the inputs of several functions have (which one a rule means is not known)."""
+        sources = self.__dict__.get("_dim_sources")
+        if sources is None:
+            sources, seen_in = {}, {}
+            for function in self.program.functions.values():
+                for var in function.inputs.values():
+                    for axis, d in enumerate(_shape_of_type(var.sym_type) or ()):
+                        if isinstance(d, Symbol):
+                            sources.setdefault(d, (var, axis))
+                            seen_in.setdefault(d, set()).add(id(function))
+            sources = {d: source for d, source in sources.items() if len(seen_in[d]) == 1}
+            self._dim_sources = sources
+        return sources.get(dim) if isinstance(dim, Symbol) else None
 
     def _index_inputs(self, block: Block) -> None:
         inputs = block.inputs.values() if isinstance(block, Function) else block.inputs
@@ -275,6 +295,9 @@ class MilAdapter:
         return len(seen) if limit is None else min(len(seen), limit)
 
     def shape(self, value: Var):
+        mistyped = self._mistyped if self._mistyped is not None else self._find_mistyped()
+        if mistyped and id(value) in mistyped:
+            return None
         inferred = _shape_of_type(value.sym_type)
         op = value.op
         if op is not None and op.op_type == "select" and inferred is not None:
@@ -489,6 +512,60 @@ class MilAdapter:
         upper = self._dim_bounds(small)[1]
         return upper is not None and upper <= self._dim_bounds(large)[0]
 
+    # ---- types coremltools states that do not hold
+    #
+    # coremltools types a slice_by_index whose begin or end is a runtime value
+    # as keeping a size-1 axis whole, whatever it takes of it: x[1:] of a
+    # (1, n) tensor is stated (1, n) though it is (0, n) at run time, and every
+    # type inferred from it downstream is as wrong. Such a var, and everything
+    # computed from it, has no shape here (rank unknown): no rule and no guard
+    # proof may lean on it. Programs that converters emit slice from the start
+    # (x[:n]), which is typed right, so the set is almost always empty.
+
+    def _find_mistyped(self) -> set[int]:
+        self._mistyped = found = set()
+        for function in self.program.functions.values():
+            pending = [iter(function.operations)]
+            while pending:  # nested blocks in order, without recursion
+                op = next(pending[-1], None)
+                if op is None:
+                    pending.pop()
+                    continue
+                if self._taints(op) or (op.op_type == "slice_by_index" and self._misstated_slice(op)):
+                    found.update(id(v) for v in op.outputs)
+                if op.blocks:
+                    pending.extend(iter(b.operations) for b in reversed(op.blocks))
+        if found:  # a control-flow op whose blocks computed from one: its outputs too
+            for function in self.program.functions.values():
+                self._taint_control_flow(function)
+        return found
+
+    def _taints(self, op: Operation) -> bool:
+        found = self._mistyped
+        return bool(found) and any(id(v) in found for v in _vars_in(op.inputs.values()))
+
+    def _taint_control_flow(self, block: Block) -> bool:
+        found, tainted = self._mistyped, False
+        for op in block.operations:
+            inner = any(self._taint_control_flow(b) for b in op.blocks)
+            if inner or any(id(v) in found for b in op.blocks for v in b.outputs):
+                found.update(id(v) for v in op.outputs)
+            tainted = tainted or any(id(v) in found for v in op.outputs)
+        return tainted
+
+    def _misstated_slice(self, op: Operation) -> bool:
+        inputs = op.inputs
+        if inputs["begin"].val is not None and inputs["end"].val is not None:
+            return False  # coremltools computed it from the values
+        source = _shape_of_type(inputs["x"].sym_type)
+        stated = _shape_of_type(op.outputs[0].sym_type)
+        if source is None or stated is None or 1 not in source:
+            return False
+        ours = self._sliced_shape(op)
+        if ours is None or len(ours) != len(stated):
+            return True
+        return any(isinstance(s, int) and o != s for s, o in zip(stated, ours))
+
     def _sliced_shape(self, op: Operation):
         """slice_by_index's output dims, from x's and the values of begin and end (runtime ones too)."""
         inputs = op.inputs
@@ -525,6 +602,8 @@ class MilAdapter:
                 dims.append(d)
             elif start == 0 and mil_shapes.never_negative(stop) and self._at_most(stop, d):
                 dims.append(stop)  # a prefix no longer than the axis
+            elif start == 0 and d == 1 and self._dim_bounds(stop)[0] >= 1:
+                dims.append(1)  # x[:n] of one element, n >= 1
             elif whole_end and isinstance(start, int) and start >= 0 and self._dim_bounds(d)[0] >= start:
                 dims.append(dims_subtract(d, start))
             else:
@@ -894,6 +973,8 @@ class MilAdapter:
         # The new op and the consts the builder made for its constant operands
         # stand for `before`, the op the rule matched: they carry its scopes.
         _inherit_scopes(_ops_between(block, previous, before), before, _rule_of(name))
+        if self._mistyped and any(id(v) in self._mistyped for v in _vars_in(arguments.values())):
+            self._mistyped.update(id(v) for v in (result if isinstance(result, (list, tuple)) else (result,)))
         return result[0] if isinstance(result, (list, tuple)) else result
 
     def _unique_name(self, name: str) -> str:

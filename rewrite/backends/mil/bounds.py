@@ -96,7 +96,8 @@ class BoundsProver:
             return UNBOUNDED if operand is None else self.bounds(operand, depth)
 
         if kind == "shape":
-            return 0, None
+            # A dim is never negative, and a shape's dtype holds every dim it gives.
+            return 0, _dtype_range(value.dtype)[1]
         if kind in _MOVES_ELEMENTS:
             return of("x")
         if kind in ("concat", "stack"):
