@@ -42,7 +42,7 @@ def _built(rule, example, nested: bool):
         inputs.append(FLAGS[rule.dialect][0])
     outputs = [var.lstrip("%") for var in example.outputs]
     program = backend.build_example(inputs, example_ops(example.statements), outputs,
-                                    nested_by="flag" if nested else None)
+                                    nested_by="flag" if nested else None, opset=example.opset)
     return backend, program
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from rewrite.backends.onnx import shapes as onnx_shapes
 from rewrite.engine.interfaces import InputSpec, ModelError, OpSignature, follow_unknown_dim
 
 DIALECT = "onnx"
+_FLOAT_DTYPES = frozenset({"fp16", "fp32", "fp64", "bf16"})
 
 
 class OnnxError(ModelError):
@@ -479,6 +481,51 @@ class OnnxAdapter:
     def value_name(self, value: Value) -> str:
         return value.name
 
+    def scaling(self, op: Node) -> tuple[Value, float] | None:
+        """(x, k) when `op` computes k·x for a finite k, in a float dtype: a Mul or
+        Div (multidirectional, opset 7 on) by a constant that holds k everywhere
+        and cannot widen x (one element and no more axes than x, or x's own
+        literal shape), or a Neg (k = -1). The builtins `unscaled` and
+        `scale_of` walk chains of these."""
+        if op.proto.domain not in ("", "ai.onnx") or op.type not in ("Mul", "Div", "Neg"):
+            return None
+        output = op.outputs[0] if op.outputs else None
+        if output is None or output.dtype not in _FLOAT_DTYPES:
+            return None
+        if op.type == "Neg":
+            x = op.inputs[0] if op.inputs else None
+            return (x, -1.0) if x is not None and x.dtype == output.dtype else None
+        if self.broadcast_operands(op) is None or len(op.inputs) != 2 or None in op.inputs:
+            return None
+        a, b = op.inputs
+        for scaled, factor in [(a, b)] if op.type == "Div" else [(a, b), (b, a)]:
+            if scaled.dtype != output.dtype or scaled.shape is None or _is_stored_constant(scaled):
+                continue
+            k = self._uniform_factor(factor, scaled)
+            if k is None or not math.isfinite(k) or (op.type == "Div" and k == 0.0):
+                continue  # inf·x is no scaling one could fold (0·inf is NaN); nor is x/0
+            return scaled, (1.0 / k if op.type == "Div" else k)
+        return None
+
+    def _uniform_factor(self, factor: Value, scaled: Value) -> float | None:
+        """The one float constant `factor` holds, if it cannot widen `scaled` when broadcast."""
+        shape = factor.shape
+        if shape is None or not (all(d == 1 for d in shape) and len(shape) <= len(scaled.shape)
+                                 or tuple(shape) == tuple(scaled.shape)):
+            return None  # decided before reading the tensor: a weight it multiplies is no scaling
+        constant = self.constant(factor)
+        if constant is None:
+            return None
+        array = np.asarray(constant)
+        if array.dtype.kind != "f" or array.size == 0:
+            return None
+        flat = array.reshape(-1)
+        if not (flat == flat[0]).all():
+            return None
+        if not (array.size == 1 and array.ndim <= len(scaled.shape)) and array.shape != scaled.shape:
+            return None
+        return float(flat[0])
+
     def _too_big_to_read(self, value: Value) -> bool:
         """Whether `value` is an initializer or Constant whose tensor stays on disk (`_left_on_disk`)."""
         tensor = value.initializer
@@ -824,6 +871,11 @@ _SHORT = 8
 # A node with more inputs than this gets a position index at its first
 # operand replacement (see `Node.positions`).
 _WIDE = 16
+
+
+def _is_stored_constant(value: Value) -> bool:
+    """Whether `value` is an initializer or a Constant's output (told without reading the tensor)."""
+    return value.initializer is not None or (value.producer is not None and value.producer.type == "Constant")
 
 
 def _present(inputs) -> tuple:

@@ -51,14 +51,23 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: int
             node_inputs.pop()
         attributes = {key: value for key, value in operands.items() if key in schema.attributes}
         nodes.append(helper.make_node(op_type, node_inputs, [name], name=name, **attributes))
+    flat = nodes
     if nested_by is not None:
         nodes = [_branching(nodes, outputs, nested_by)]
-    graph = helper.make_graph(
-        nodes, "example", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializers
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    # Let onnx type the outputs, so that the example needs to say nothing of them.
-    inferred = onnx.shape_inference.infer_shapes(model)
+
+    def model_of(graph_nodes) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            graph_nodes, "example", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs],
+            initializers,
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+    model = model_of(nodes)
+    # Let onnx type the outputs, so that the example needs to say nothing of them. A
+    # nested graph is typed as its flat twin, whose outputs are the If's: onnx's
+    # inference reads no constant of the outer scope in a branch (a ReduceMean's
+    # axes input, say), and the checker refuses an output it leaves without a shape.
+    inferred = onnx.shape_inference.infer_shapes(model if nested_by is None else model_of(flat))
     types = {info.name: info.type for info in list(inferred.graph.value_info) + list(inferred.graph.output)}
     for output in model.graph.output:
         if output.name in types and types[output.name].HasField("tensor_type"):
