@@ -36,7 +36,7 @@ processes at 100k); peak RSS at most 3x a plain onnx.load.
 Usage:
     python bench/bench_family_onnx.py [--shapes chain,fan-out,wide,nested,mixed] [--sizes 1000,10000,100000]
         [--big] [--width 1000] [--wide-kinds concat,sum,concat-kept] [--repeat 1] [--processes]
-        [--theirs-limit 150000] [--sum-limit 1000000] [--check-limit 150000] [--keep DIR]
+        [--theirs-limit 150000] [--sum-limit 1000000] [--check-limit 150000] [--keep DIR] [--library]
 --big adds 1,000,000 nodes.
 """
 
@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest wide-sum model (skip the bigger ones)")
     parser.add_argument("--check-limit", type=int, default=150_000, help="onnxruntime checks up to this size")
     parser.add_argument("--keep", metavar="DIR")
+    parser.add_argument("--library", action="store_true",
+                        help="ours runs every shipped ONNX rule (default: remove_broadcast_expand.rules, the "
+                             "rules doing what onnxscript's expand rules do)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()] + ([1_000_000] if args.big else [])
     builders = []
@@ -303,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import rewrite
 
-    rules = rewrite.load_rules(dialects=["onnx"])
+    # Like for like: onnxscript runs its expand rules only, so ours runs the
+    # file of the rule that does that job; --library runs every shipped ONNX rule.
+    rules_path = None if args.library else rewrite.shipped_rules_path() / "onnx" / "remove_broadcast_expand.rules"
+    rules = rewrite.load_rules(dialects=["onnx"]) if args.library else rewrite.load_rules(rules_path)
     folder = Path(args.keep or tempfile.mkdtemp(prefix="bench_family_onnx_"))
     folder.mkdir(parents=True, exist_ok=True)
     cli = locate_cli()
     print(f"onnx {onnx.__version__}, onnxscript {onnxscript.__version__}; wide nodes of {args.width} inputs; "
-          f"best of {args.repeat}; in-process times are load + rewrite + save")
+          f"best of {args.repeat}; in-process times are load + rewrite + save; ours: "
+          + ("every shipped ONNX rule" if rules_path is None else rules_path.name))
     header = (f"{'shape':<16} {'nodes':>8} | {'ours s':>8} {'us/node':>8} {'cpu/node':>8} {'load/apply/save':>17} | "
               f"{'theirs s':>8} {'theirs/ours':>11} | {'proc s':>7} {'th. proc':>8} {'RSS/load':>8} | "
               f"{'Expand left':>11} {'output':>6}")
@@ -341,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
             theirs = None
             if nodes <= args.theirs_limit:
                 theirs = min(run_theirs(source, theirs_path) for _ in range(args.repeat))
-            process = best_of([*cli, "apply", str(source), "-o", str(ours_path)], args.repeat, timeout=3600)
+            rules_arguments = [] if rules_path is None else ["--rules", str(rules_path)]
+            process = best_of([*cli, "apply", str(source), *rules_arguments, "-o", str(ours_path)], args.repeat,
+                              timeout=3600)
             plain = best_of([sys.executable, "-c", PLAIN_LOAD, str(source)], args.repeat, timeout=3600)
             theirs_process = None
             if args.processes and nodes <= args.theirs_limit:

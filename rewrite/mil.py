@@ -40,6 +40,15 @@ _RESETTLING = (
     "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
 )
 
+# Rules for programs converted with a flexible input, worth running again once
+# coremltools has merged duplicate ops: what reads a runtime length from
+# several places reads it from one, which these rules then see.
+_FLEXIBLE_SHAPES = (
+    "read_sizes_from_the_input", "fold_proved_int_value", "fuse_expand_dims", "sdpa_decoder_causal_mask_to_bool",
+    "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
+    "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
+)
+
 GROUPS = (
     PassGroup(
         "rewrite::cleanup",
@@ -53,6 +62,8 @@ GROUPS = (
             "constant_tile_reps", "tile_reps_from_size_list", "constant_reshape_shape", "add_uniform_embedding_row",
             "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
             "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
+            "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
+            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
         ),
         "common::const_elimination",
         after=False,
@@ -72,6 +83,8 @@ GROUPS = (
             "fold_scaling_chain", "remove_scaling_by_one",
             "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
             "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
+            "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
+            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
         ),
         "common::fuse_matmul_weight_bias",
         after=False,
@@ -89,8 +102,8 @@ GROUPS = (
     # Once coremltools has merged duplicate ops (two selects by one mask, say),
     # values that were merely equal are the same value, which rules can see.
     PassGroup(
-        "rewrite::settle", _RESETTLING + ("fuse_selects_on_one_condition",), "common::remove_redundant_ops",
-        after=True,
+        "rewrite::settle", _RESETTLING + ("fuse_selects_on_one_condition",) + _FLEXIBLE_SHAPES,
+        "common::remove_redundant_ops", after=True,
     ),
     # coremltools guards every gather's indices against negative values only
     # now; the guards of indices proved non-negative go again at once.

@@ -741,6 +741,28 @@ def _max_of(adapter, items):
     return max(flat)
 
 
+def _max_abs(adapter, items):
+    """The largest |element| of a value's constant (read as one array, however big), or of
+    a (nested) list or number; unknown with a NaN, an empty one, or no constant."""
+    if isinstance(items, (list, int, float)) and not isinstance(items, bool):
+        array = np.asarray(items, dtype=object).reshape(-1)
+        if array.size == 0 or not all(is_literal(v) for v in array.tolist()):
+            return UNKNOWN
+        array = array.astype(np.float64)
+    else:
+        if items is None or items is UNKNOWN or items is ABSENT or isinstance(items, (tuple, OperandsExcept)):
+            return UNKNOWN
+        constant = adapter.constant(items)
+        if constant is None:
+            return UNKNOWN
+        array = np.asarray(constant)
+        if array.size == 0 or array.dtype.kind not in "biuf":
+            return UNKNOWN
+    if array.dtype.kind == "f" and np.isnan(array).any():
+        return UNKNOWN
+    return np.abs(array).max().item()
+
+
 def _contains(adapter, items, item):
     if not isinstance(items, (list, tuple)):
         return Truth.UNKNOWN
@@ -794,8 +816,13 @@ def _len(adapter, items):
     return len(items) if isinstance(items, (list, tuple, OperandsExcept)) else UNKNOWN
 
 
+# The longest list `range` makes: a rule reads lists of axes or builds a table
+# of positions; one past this (a bound such as int32's maximum) is no list to hold.
+RANGE_LIMIT = 1 << 20
+
+
 def _range(adapter, stop):
-    if not is_literal(stop) or stop != int(stop):
+    if not is_literal(stop) or stop != int(stop) or stop > RANGE_LIMIT:
         return UNKNOWN
     return list(range(int(stop)))
 
@@ -1033,6 +1060,7 @@ _BUILTINS: dict[str, Callable] = {
     "lowest_finite": _lowest_finite,
     "zero_of": _zero_of,
     "max_of": _max_of,
+    "max_abs": _max_abs,
     "normalized_axes": _normalized_axes,
     "represents": _represents,
     "len": _len,

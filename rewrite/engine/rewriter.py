@@ -128,11 +128,21 @@ def find_unevaluable(evaluator: Evaluator, arguments: Sequence[ast.Argument], en
 def evaluate_argument(evaluator: Evaluator, expr, env: Environment) -> Any:
     """The value of an operand of an op being built (a tuple for a variadic one)."""
     if isinstance(expr, ast.TupleExpr):
-        return tuple(evaluator.value(item, env) for item in expr.items)
+        return tuple(_as_bool(evaluator.value(item, env)) for item in expr.items)
     if isinstance(expr, ast.TupleComprehension):
         items = evaluator.value(expr.comprehension, env)
-        return UNKNOWN if items is UNKNOWN else tuple(items)
-    return evaluator.value(expr, env)
+        return UNKNOWN if items is UNKNOWN else tuple(_as_bool(item) for item in items)
+    return _as_bool(evaluator.value(expr, env))
+
+
+def _as_bool(value: Any) -> Any:
+    """A proved truth (`a != b` in `end_mask=[...]`) as the bool a backend builds with;
+    an unknown one stays unknown, which nothing is built with."""
+    if value is Truth.YES or value is Truth.NO:
+        return value is Truth.YES
+    if isinstance(value, list) and any(isinstance(item, (Truth, list)) for item in value):
+        return [_as_bool(item) for item in value]
+    return value
 
 
 def _innermost(evaluator: Evaluator, expr, value, env: Environment) -> tuple[Any, Any]:

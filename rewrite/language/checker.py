@@ -48,6 +48,7 @@ class Checker:
         self.predicates = predicates
         self.diagnostics: list[Diagnostic] = []
         self._unnamed_anchor: str | None = None  # the op of the rule's anchor, when it has no name
+        self._tuple_items = 0  # > 0 while a tuple's items are checked (a value or a constant each)
 
     def error(self, span: ast.Span, message: str) -> None:
         self.diagnostics.append(self.source.diagnostic(span, message))
@@ -198,7 +199,11 @@ class Checker:
         return Type.ANY, scope
 
     def _expr_TupleComprehension(self, expr: ast.TupleComprehension, scope):
-        self.check_expr(expr.comprehension, scope)
+        self._tuple_items += 1
+        try:
+            self.check_expr(expr.comprehension, scope)
+        finally:
+            self._tuple_items -= 1
         return Type.ANY, scope
 
     def _expr_ListExpr(self, expr: ast.ListExpr, scope):
@@ -214,6 +219,8 @@ class Checker:
             return then, scope
         if then is Type.ANY:
             return otherwise, scope
+        if self._tuple_items and Type.VALUE in (then, otherwise):
+            return Type.ANY, scope  # a tuple's item: a value here, a constant there
         self.error(expr.span, f"the branches of 'if ... else' differ: {then} and {otherwise}")
         return Type.ANY, scope
 
@@ -507,10 +514,14 @@ class Checker:
                 items = ()
             else:
                 items = value.items if isinstance(value, ast.TupleExpr) else (value,)
-            for item in items:
-                self.check_expr(item, scope)
-                if example and not isinstance(item, ast.ValueRef):
-                    self._constant_operand(item)
+            self._tuple_items += isinstance(value, ast.TupleExpr)
+            try:
+                for item in items:
+                    self.check_expr(item, scope)
+                    if example and not isinstance(item, ast.ValueRef):
+                        self._constant_operand(item)
+            finally:
+                self._tuple_items -= isinstance(value, ast.TupleExpr)
             if isinstance(value, (ast.TupleExpr, ast.TupleComprehension)):
                 self._check_tuple(build.op, argument.name, value, signature)
             if (

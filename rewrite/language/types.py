@@ -105,7 +105,7 @@ BUILTINS: dict[str, Signature] = {
                    "unknown if it has none."),
         _signature("len", "items:any", Type.NUMBER,
                    "The length of a list, or of the operands a rest operand `%v...` bound."),
-        _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]."),
+        _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]; unknown past 2**20 elements."),
         _signature("contains", "items:any, item:any", Type.BOOL, "The list has the item."),
         _signature("gather", "items:list, indices:list", Type.LIST,
                    "[items[i] for i in indices]; e.g. two perms composed."),
@@ -124,6 +124,9 @@ BUILTINS: dict[str, Signature] = {
         _signature("lowest_finite", "dtype:string", Type.NUMBER,
                    "The most negative finite value of a dtype (-65504 for fp16; the minimum for ints)."),
         _signature("max_of", "items:any", Type.NUMBER, "The largest element of a (nested) list or number."),
+        _signature("max_abs", "items:any", Type.NUMBER,
+                   "The largest absolute value among the elements of a value's constant (read as one "
+                   "array, however large), a (nested) list or a number; unknown with a NaN."),
         _signature("is_nan", "items:any", Type.BOOL, "The number, or every element of the list, is NaN."),
         _signature("is_inf", "items:any", Type.BOOL,
                    "The number, or every element of the list, is +inf or -inf."),

@@ -169,14 +169,20 @@ def test_a_quantifier_body_that_runs_on_is_a_warning(write_rules):
 # The lint cannot read conditions: this rule rebuilds the matmul it is
 # anchored on, and fires only while its perm has the last two axes out of
 # order, which the transpose it builds never has (its example fires once).
-# Each re-fire the lint suspects is ruled out: tile_reps_from_size_list builds
-# reps with a concat, and matches only reps computed by a real_div;
-# read_sizes_from_the_input reads from the input at the symbol's own axis,
-# which its last condition leaves alone.
+# Each re-fire the lint suspects is ruled out by the pattern or a condition:
+# tile_reps_from_size_list builds reps with a concat, and matches only reps
+# computed by a real_div; read_sizes_from_the_input reads from the input at
+# the symbol's own axis, which its last condition leaves alone; the
+# positions.rules rules build their ops on constants (a table, its cos or
+# sin, its expand_dims) where their patterns ask for a range or a slice.
 KNOWN_WARNINGS = {
     ("move_transpose_swap_into_matmul_y", "it may fire again on its own result"),
     ("tile_reps_from_size_list", "it may fire again on its own result"),
     ("read_sizes_from_the_input", "it may fire again on its own result"),
+    ("rotary_table_from_positions", "it may fire again on its own result"),
+    ("cos_of_a_constant_slice", "it may fire again on its own result"),
+    ("sin_of_a_constant_slice", "it may fire again on its own result"),
+    ("expand_dims_of_a_constant_slice", "it may fire again on its own result"),
 }
 
 

@@ -146,6 +146,30 @@ class DecoderCausalMask(Heads):
         return self.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
 
+class RotaryAttention(Heads):
+    """transformers' rotary embedding (LlamaRotaryEmbedding and apply_rotary_pos_emb): cos and
+    sin of positions times inverse frequencies, computed at run time under a flexible sequence,
+    applied to q and k."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, HEAD, 2).float() / HEAD)))
+
+    @staticmethod
+    def rotate_half(x):
+        return torch.cat((-x[..., HEAD // 2:], x[..., : HEAD // 2]), dim=-1)
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        position_ids = torch.arange(x.size(1))[None, :]
+        inv_freq = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        freqs = (inv_freq @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        q, k = q * cos + self.rotate_half(q) * sin, k * cos + self.rotate_half(k) * sin
+        return self.merge(F.scaled_dot_product_attention(q, k, v, is_causal=False))
+
+
 class PrescaledQueryAttention(Heads):
     """The scale on the query, as some models write it: the fused op's own 1/sqrt(E) undoes it."""
 
@@ -331,6 +355,7 @@ MODELS = {
     "expanded_token": ExpandedToken,
     "causal_sdpa": CausalSdpa,
     "decoder_causal_mask": DecoderCausalMask,
+    "rotary": RotaryAttention,
 }
 
 SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
@@ -392,15 +417,40 @@ def test_a_causal_mask_built_at_run_time_becomes_a_boolean_one():
 
 
 def test_a_decoder_causal_mask_becomes_a_boolean_one():
+    # Then the mask over L + 1 columns cut to L is the mask over L columns
+    # (causal_mask_over_its_own_columns): one range, the positions'.
     _, default, _ = converted("decoder_causal_mask", True, False)
     _, ours, fired = converted("decoder_causal_mask", True, True)
-    assert fired["sdpa_decoder_causal_mask_to_bool"] == 1
+    assert fired["sdpa_decoder_causal_mask_to_bool"] == 1 and fired["causal_mask_over_its_own_columns"] == 1
     before, after = histogram(default), histogram(ours)
     assert before["band_part"] == 1 and before["fill"] == 1 and before["greater"] == 1
     assert after["band_part"] == after["fill"] == after["greater"] == after["cast"] == after["mul"] == 0
-    assert after["less_equal"] == 1
-    assert ops(ours) < ops(default) - 5
+    assert after["less_equal"] == after["range_1d"] == 1 and after["slice_by_index"] == after["add"] == 0
+    assert ops(ours) == ops(default) - 17
     assert_computes("decoder_causal_mask", True)
+    _, static, _ = converted("decoder_causal_mask", False, True)
+    # the length read (shape, gather), its range, the column (a reshape), less_equal, expand_dims
+    assert histogram(ours) - histogram(static) == Counter(
+        {"shape": 1, "gather": 1, "range_1d": 1, "reshape": 1, "less_equal": 1, "expand_dims": 1})
+
+
+def test_rotary_tables_are_slices_of_constants():
+    # cos and sin of positions times inverse frequencies, over range(0, L) with
+    # L <= 64 (the RangeDim's bound): slices of the tables over range(0, 64).
+    _, default, _ = converted("rotary", True, False)
+    _, ours, fired = converted("rotary", True, True)
+    assert fired["rotary_table_from_positions"] == 1
+    assert fired["cos_of_a_constant_slice"] == fired["sin_of_a_constant_slice"] == 1
+    assert fired["expand_dims_of_a_constant_slice"] == 2
+    before, after = histogram(default), histogram(ours)
+    assert before["cos"] == before["sin"] == before["matmul"] == before["range_1d"] == 1
+    assert after["cos"] == after["sin"] == after["matmul"] == after["range_1d"] == after["expand_dims"] == 0
+    assert ops(ours) == ops(default) - 8
+    assert_computes("rotary", True)
+    _, static, _ = converted("rotary", False, True)
+    # the length read, its end for the slices, and the two slices of the tables
+    assert histogram(ours) - histogram(static) == Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 2})
+    assert_computes("rotary", False)
 
 
 # ------------------------------------------------------------------ masked_fill(~mask, -inf)

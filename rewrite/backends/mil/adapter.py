@@ -161,7 +161,7 @@ class MilAdapter:
         # Rewrites replace values by equal ones, so what was proven stays true.
         self._proven_shapes: dict[int, tuple] = {}
         self._shape_values: dict[int, tuple] = {}
-        self._bounds = BoundsProver()
+        self._bounds = BoundsProver(self._dims_bounds)
         # ids of vars whose stated type may not hold (see _misstated_slice);
         # None until the first shape is asked for.
         self._mistyped: set[int] | None = None
@@ -501,7 +501,18 @@ class MilAdapter:
                             upper = None if upper is None or old_upper is None else max(upper, old_upper)
                         bounds[key] = (lower, upper)
             self._input_dim_bounds = bounds
+        if dim not in bounds and isinstance(dim, Symbol) and dim.name.startswith("@"):
+            for _, symbol, value_bounds in self.__dict__.get("_value_symbols", {}).values():
+                if symbol == dim:
+                    return value_bounds
         return bounds.get(dim, (0, None))
+
+    def _dims_bounds(self, value: Var) -> list | None:
+        """(lowest, highest or None) of each of `value`'s dims; None if its rank is unknown."""
+        dims = self.proven_shape(value)
+        if dims is None or any(d is UNKNOWN for d in dims):
+            return None
+        return [self._dim_bounds(d) for d in dims]
 
     def _at_most(self, small, large) -> bool:
         """small <= large at run time, provably."""
@@ -672,6 +683,8 @@ class MilAdapter:
                 return None
             out_rank = rank + len(axes)
             inserted = {int(a) % out_rank for a in axes}
+            if len(inserted) != len(axes):
+                return None  # an axis given twice: not followed
             rest = iter(source)
             return tuple(1 if position in inserted else next(rest) for position in range(out_rank))
         if axes is None:  # a reduction or squeeze over every axis (squeeze: every size-1 axis)
@@ -735,7 +748,23 @@ class MilAdapter:
             return shape_values.chosen(
                 self._shape_condition(inputs["cond"]), self.shape_value(inputs["a"]), self.shape_value(inputs["b"])
             )
-        return None
+        return self._value_symbol(value)
+
+    def _value_symbol(self, value: Var) -> list | None:
+        """A scalar int that shape arithmetic does not follow (a minimum, say), proved
+        non-negative, as a symbol of its own: [@n]. It stands for the value at run time,
+        as a size symbol stands for a size, so that a range to n and a slice to n are
+        proved to have one length; its bounds are the value's (`_dim_bounds`)."""
+        if value.rank != 0 or value.dtype not in mil_shapes.SHAPE_DTYPES:
+            return None
+        low, high = self._bounds.bounds(value)
+        if low is None or low < 0:
+            return None
+        symbols = self.__dict__.setdefault("_value_symbols", {})
+        found = symbols.get(id(value))
+        if found is None or found[0] is not value:
+            found = symbols[id(value)] = (value, Symbol(f"@{len(symbols)}"), (low, high))
+        return [found[1]]
 
     def _shape_condition(self, value: Var) -> list | None:
         """A bool vector compared out of shape values (equal / not_equal), elementwise."""

@@ -61,9 +61,12 @@ def _union(bounds: list[Bounds]) -> Bounds:
 class BoundsProver:
     """Proves bounds on values of one program, remembering what it proved."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims_of=None) -> None:
         # id(var) -> (var, bounds); the var is kept so its id is not reused.
         self._proved: dict[int, tuple[Var, Bounds]] = {}
+        # dims_of(x): the (lowest, highest or None) of each of x's dims at run time
+        # (an input's RangeDim bounds), or None; what a `shape` of x can hold.
+        self._dims_of = dims_of
 
     def bounds(self, value: Var, depth: int = 0) -> Bounds:
         """(least, greatest) element of `value`, each None where unproved."""
@@ -96,8 +99,13 @@ class BoundsProver:
             return UNBOUNDED if operand is None else self.bounds(operand, depth)
 
         if kind == "shape":
-            # A dim is never negative, and a shape's dtype holds every dim it gives.
-            return 0, _dtype_range(value.dtype)[1]
+            # A dim is never negative, and a shape's dtype holds every dim it gives;
+            # the dims' own bounds (a RangeDim's), where known, are tighter.
+            dims = self._dims_of(inputs["x"]) if self._dims_of is not None else None
+            most = _dtype_range(value.dtype)[1]
+            if dims:
+                return min(low for low, _ in dims), max(most if high is None else high for _, high in dims)
+            return 0, most
         if kind in _MOVES_ELEMENTS:
             return of("x")
         if kind in ("concat", "stack"):
