@@ -46,7 +46,8 @@ _RESETTLING = (
 _FLEXIBLE_SHAPES = (
     "read_sizes_from_the_input", "fold_proved_int_value", "fuse_expand_dims", "sdpa_decoder_causal_mask_to_bool",
     "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-    "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
+    "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
+    "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
 )
 
 GROUPS = (
@@ -63,7 +64,8 @@ GROUPS = (
             "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
             "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
             "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
+            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
+            "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
         ),
         "common::const_elimination",
         after=False,
@@ -84,7 +86,8 @@ GROUPS = (
             "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
             "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
             "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns",
+            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
+            "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
         ),
         "common::fuse_matmul_weight_bias",
         after=False,
