@@ -502,9 +502,7 @@ class MilAdapter:
                         bounds[key] = (lower, upper)
             self._input_dim_bounds = bounds
         if dim not in bounds and isinstance(dim, Symbol) and dim.name.startswith("@"):
-            for _, symbol, value_bounds in self.__dict__.get("_value_symbols", {}).values():
-                if symbol == dim:
-                    return value_bounds
+            return self.__dict__.get("_value_symbol_bounds", {}).get(dim, (0, None))
         return bounds.get(dim, (0, None))
 
     def _dims_bounds(self, value: Var) -> list | None:
@@ -763,7 +761,11 @@ class MilAdapter:
         symbols = self.__dict__.setdefault("_value_symbols", {})
         found = symbols.get(id(value))
         if found is None or found[0] is not value:
-            found = symbols[id(value)] = (value, Symbol(f"@{len(symbols)}"), (low, high))
+            # Named by a count of every symbol made, so that no two values share one
+            # (an id reused by a new value gets a new name).
+            bounds = self.__dict__.setdefault("_value_symbol_bounds", {})
+            found = symbols[id(value)] = (value, Symbol(f"@{len(bounds)}"))
+            bounds[found[1]] = (low, high)
         return [found[1]]
 
     def _shape_condition(self, value: Var) -> list | None:
