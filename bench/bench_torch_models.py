@@ -78,6 +78,36 @@ SPECS = tuple(
 )
 
 
+def register_new_ones() -> None:
+    """`Tensor.new_ones`, which transformers 5's BERT calls and coremltools 9's torch
+    frontend has no converter for: a fill of ones, of the given dtype or else the
+    tensor's own (torch's default), as coremltools converts `new_zeros`."""
+    from coremltools.converters.mil.frontend.torch import ops
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import register_torch_op
+    from coremltools.converters.mil.frontend.torch.utils import NUM_TO_NUMPY_DTYPE
+    from coremltools.converters.mil.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+    from coremltools.converters.mil.mil.types import nptype_from_builtin
+
+    if "new_ones" in ops._TORCH_OPS_REGISTRY:
+        return
+
+    @register_torch_op
+    def new_ones(context, node):
+        inputs = ops._get_inputs(context, node)
+        shape = inputs[1]
+        if isinstance(shape, list):
+            shape = mb.concat(values=shape, axis=0)
+        if shape.dtype != types.int32:
+            shape = mb.cast(x=shape, dtype="int32")
+        given = inputs[2] if len(inputs) > 2 else None
+        if given is not None and given.val is not None:
+            dtype = NUM_TO_NUMPY_DTYPE[int(given.val)]
+        else:
+            dtype = nptype_from_builtin(inputs[0].dtype)
+        context.add(mb.fill(shape=shape, value=np.array(1, dtype=dtype), name=node.name))
+
+
 def build_model(spec: Spec):
     """The transformers model of `spec`, random weights, in eval mode, wrapped to return the last hidden state."""
     import torch
@@ -107,6 +137,15 @@ def build_model(spec: Spec):
             image_size=32, patch_size=8, **common,
         )
         model = transformers.ViTModel(config, add_pooling_layer=False)
+
+    if spec.family == "llama" and spec.attention == "sdpa":
+        # transformers 5 hands torch's SDPA the key/value heads unrepeated, with
+        # enable_gqa=True, which coremltools 9's torch frontend ignores (its
+        # matmul then fails on 4 query heads against 2). Repeating the heads in
+        # transformers, as it does for a mask, is how such a model converts today.
+        import transformers.integrations.sdpa_attention as sdpa_attention
+
+        sdpa_attention.use_gqa_in_sdpa = lambda *args, **kwargs: False
 
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -203,7 +242,10 @@ def agrees_with_torch(spec: Spec, module, program, flexible: bool) -> bool:
         with torch.no_grad():
             want = module(*tensors).numpy()
         feeds = dict(zip(["x", "mask"], arrays))
-        (got,) = evaluate(program, feeds).values()
+        try:
+            (got,) = evaluate(program, feeds).values()
+        except ValueError:  # the program's own type inference rejects it at this size
+            return False
         if got.shape != want.shape or not np.allclose(got, want, rtol=RTOL, atol=ATOL):
             return False
     return True
@@ -248,6 +290,7 @@ def main(argv=None) -> int:
 
     from rewrite.mil import build_pass_pipeline
 
+    register_new_ones()
     known = {spec.name: spec for spec in SPECS}
     names = args.models.split(",") if args.models else list(known)
     unknown = [name for name in names if name not in known]

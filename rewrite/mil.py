@@ -44,10 +44,12 @@ _RESETTLING = (
 # coremltools has merged duplicate ops: what reads a runtime length from
 # several places reads it from one, which these rules then see.
 _FLEXIBLE_SHAPES = (
-    "read_sizes_from_the_input", "fold_proved_int_value", "fuse_expand_dims", "sdpa_decoder_causal_mask_to_bool",
+    "read_sizes_from_the_input", "read_sliced_sizes_from_the_input", "fold_proved_int_value", "fuse_expand_dims",
+    "sdpa_decoder_causal_mask_to_bool", "rotary_table_from_scaled_positions",
     "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
     "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
     "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
+    "rows_of_a_table_by_position", "gather_of_a_constant_slice",
 )
 
 GROUPS = (
@@ -61,12 +63,8 @@ GROUPS = (
             "remove_noop_slice_update", "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
             "broadcast_select_operands", "broadcast_select_bool_operands",
             "constant_tile_reps", "tile_reps_from_size_list", "constant_reshape_shape", "add_uniform_embedding_row",
-            "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
-            "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
-            "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
-            "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
-        ),
+            "shape_of_fill", "gather_of_scalar_concat", "sdpa_float_mask_to_bool", "remove_single_value_concat",
+        ) + _FLEXIBLE_SHAPES,
         "common::const_elimination",
         after=False,
     ),
@@ -83,12 +81,8 @@ GROUPS = (
             "fuse_masked_attention_to_sdpa", "fuse_masked_fill_attention_to_sdpa",
             "fuse_additive_mask_attention_to_sdpa", "fuse_attention_to_sdpa", "remove_double_logical_not",
             "fold_scaling_chain", "remove_scaling_by_one",
-            "shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
-            "read_sizes_from_the_input", "fold_proved_int_value", "sdpa_decoder_causal_mask_to_bool",
-            "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-            "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
-            "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
-        ),
+            "shape_of_fill", "gather_of_scalar_concat", "sdpa_float_mask_to_bool", "remove_single_value_concat",
+        ) + _FLEXIBLE_SHAPES,
         "common::fuse_matmul_weight_bias",
         after=False,
     ),
@@ -105,7 +99,15 @@ GROUPS = (
     # Once coremltools has merged duplicate ops (two selects by one mask, say),
     # values that were merely equal are the same value, which rules can see.
     PassGroup(
-        "rewrite::settle", _RESETTLING + ("fuse_selects_on_one_condition",) + _FLEXIBLE_SHAPES,
+        "rewrite::settle",
+        # The causal masks' chains, once the attention they feed is fused (and
+        # a float mask it can take as a boolean one is that boolean, which a
+        # mask cut from a constant table no longer shows).
+        _RESETTLING + (
+            "fuse_selects_on_one_condition", "causal_float_mask_from_a_constant_band",
+            "causal_select_mask_from_a_constant_triangle", "causal_mask_from_a_constant_triangle",
+            "sdpa_mask_without_leading_unit_axes", "sdpa_mask_slice_without_leading_unit_axes",
+        ) + _FLEXIBLE_SHAPES,
         "common::remove_redundant_ops", after=True,
     ),
     # coremltools guards every gather's indices against negative values only

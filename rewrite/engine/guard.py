@@ -63,6 +63,7 @@ class ShapeGuard:
         self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
         self._output_types_with = getattr(adapter, "output_types_with", None)
         self._proven = getattr(adapter, "proven_shape", None)
+        self._stated = getattr(adapter, "stated_shape", None)
         self._proving = False
 
     def check(self, old: Value, new: Value, consumers: Sequence[Op] | None = None) -> Refusal | None:
@@ -92,9 +93,12 @@ class ShapeGuard:
         if not consumers:
             return None
         if self._same_type(old, new, "") is None:
-            if self._proving and self._output_types_with is not None:
-                # Proved the same type, though the IR states the two apart:
-                # its own type inference must still take the new operand.
+            if self._output_types_with is not None and (self._proving or self._stated_apart(old, new)):
+                # Proved the same type, though the IR states the two apart
+                # (fresh symbols, or a type the adapter knows to be wrong, as
+                # coremltools' select typed without its cond): the consumers'
+                # own type inference, which the IR's later passes run, must
+                # still take the new operand.
                 for consumer in consumers:
                     refusal = self._rejects(consumer, old, new)
                     if refusal is not None:
@@ -105,6 +109,11 @@ class ShapeGuard:
             if refusal is not None:
                 return refusal
         return None
+
+    def _stated_apart(self, old: Value, new: Value) -> bool:
+        if self._stated is None:
+            return False
+        return self._stated(old) != self._stated(new)
 
     # ------------------------------------------------------------ the three proofs
 

@@ -160,6 +160,12 @@ class Adapter(Protocol):
     def shape(self, value: Value) -> tuple[Dim, ...] | None:
         """The dims of `value`; None when its rank is unknown."""
 
+    def stated_shape(self, value: Value) -> tuple[Dim, ...] | None:
+        """Optional. The dims the IR's own type states for `value`, which its
+        later passes go by, where `shape` corrects a type the IR gets wrong.
+        Where the two values' stated shapes differ, the shape guard has each
+        consumer's own type inference (`output_types_with`) take the new one."""
+
     def proven_shape(self, value: Value) -> tuple[Dim, ...] | None:
         """Optional. `shape(value)` with the dims that shape arithmetic proves
         put in for symbols the IR made up; asked only for dims `shape` leaves

@@ -281,12 +281,14 @@ class Rewriter:
         adapter, table = self.adapter, self.table
         touched: list[Op] = [anchor, *built]
         for old, new, within in replacements:
+            producer = adapter.producer(old)
             if within is not None:
                 if table is not None and table.records:
                     table.replacing_operand(within, old, new)
                 adapter.replace_operand(within, old, new)
+                if producer is not None:
+                    touched.append(producer)  # dead now if `within` was its last use
                 continue
-            producer = adapter.producer(old)
             if table is not None and table.records:
                 table.replacing_all(old, new)
             adapter.replace_all_uses(old, new)

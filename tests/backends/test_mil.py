@@ -221,6 +221,54 @@ rule program "holds the program"
     assert [op.op_type for op in program.functions["main"].operations] == before
 
 
+@pytest.mark.parametrize("check_types", [False, True])
+def test_a_replacement_coremltools_types_apart_must_be_taken_by_the_consumers_own_inference(tmp_path, check_types):
+    """coremltools types select(cond, a, b) by a and b alone: with a (L, L) cond and scalar
+    branches it states (), though at run time it is (L, L). The adapter's shape is the run
+    time one, so the mask's old and new shapes agree; but SDPA's own type inference, which
+    coremltools' later passes run, fails on a rank-0 mask. Where the IR states the two types
+    apart, the guard has the consumers' inference take the new operand, so the rule is refused
+    (in checked mode with its name) and the program is left as it was, instead of a pass later
+    crashing on it."""
+    program = _program_from_example("""dialect mil
+rule program "holds the program"
+  match %r = relu(x=%x)
+  rewrite %r -> %x
+  example "a causal float mask into SDPA"
+    input %q: fp32[1, 2, L, 8]
+    %size = shape(x=%q)
+    %n = gather(x=%size, indices=2, axis=0)
+    %pair = concat(values=(%n, %n), axis=0, interleave=false)
+    %all = fill(shape=%pair, value=true)
+    %tril = band_part(x=%all, lower=-1, upper=0)
+    %float = cast(x=%tril, dtype="fp32")
+    %complement = sub(x=1.0, y=%float)
+    %mask = mul(x=-30000.0, y=%complement)
+    %out = scaled_dot_product_attention(query=%q, key=%q, value=%q, attn_mask=%mask)
+    output %out
+  unchanged
+""", tmp_path)
+    rules_path = tmp_path / "select.rules"
+    rules_path.write_text("""dialect mil
+rule mask_as_select "k(1 - cast(m)) as select(m, k0, k), which coremltools types by its branches"
+  match %mask = mul(x=%k, y=sub(x=_, y=cast(x=%m, dtype=_)))
+  where is_const(%k) and rank(%k) == 0
+  rewrite %mask -> select(cond=%m, a=as_dtype(const(%k) * 0.0, dtype(%mask)), b=as_dtype(const(%k), dtype(%mask)))
+""")
+    rules = rewrite.load_rules(rules_path)
+    before = [op.op_type for op in program.functions["main"].operations]
+    if check_types:
+        with pytest.raises(rewrite.UnsoundRewriteError, match="mask_as_select.*rejects the new operand"):
+            rules.apply(program, check_types=True)
+    else:
+        statistics = rules.apply(program)
+        assert statistics.fired("mask_as_select") == 0
+        assert statistics.rules["mask_as_select"].refused == 1
+    assert [op.op_type for op in program.functions["main"].operations] == before
+    sdpa = [op for op in program.functions["main"].operations if op.op_type == "scaled_dot_product_attention"]
+    sdpa[0].type_value_inference(overwrite_output=True)  # still a program coremltools can type
+
+
 def test_a_slice_coremltools_types_wrongly_has_no_shape_nor_does_what_is_computed_from_it(tmp_path):
     """x[1:] of a (1, n) tensor, with the end a runtime value: coremltools states (1, n), though
     it is (0, n) at run time, and the add after it (1, 2, 4) though it is (0, 2, 4). The adapter

@@ -127,3 +127,26 @@ def test_an_absent_optional_operand_matches_no_op_pattern(write_rules):
         ["s"],
     )
     assert rules.apply(program).fires == 0
+
+
+def test_replacing_an_operand_in_one_consumer_removes_what_that_left_dead(write_rules):
+    """`%rows -> %narrow in %sum` changes one operand of one op; where that was the old
+    value's last use, its producer (and what only it read) goes with the rewrite, as it does
+    for a replacement of every use, instead of waiting for a dead-code pass: a later rule's
+    one_use of the range the old gather read would otherwise see the dead gather."""
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 3, 2))], opset_version=ct.target.iOS18)
+    def program(tokens):
+        positions = mb.range_1d(start=0, end=3, step=1)
+        expanded = mb.expand_dims(x=positions, axes=[0])
+        table = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+        rows = mb.gather(x=table, indices=expanded, axis=0, batch_dims=0)
+        return mb.add(x=tokens, y=rows, name="out")
+
+    before = evaluate(program, {"tokens": np.ones((1, 3, 2), np.float32)})["out"]
+    rules = rewrite.load_rules().only("add_rows_without_leading_axes")
+    statistics = rules.apply(program)
+    assert statistics.fired("add_rows_without_leading_axes") == 1
+    operations = [op.op_type for op in program.functions["main"].operations if op.op_type != "const"]
+    assert operations == ["range_1d", "gather", "add"]  # no expand_dims, no second gather
+    after = evaluate(program, {"tokens": np.ones((1, 3, 2), np.float32)})["out"]
+    np.testing.assert_array_equal(after, before)

@@ -187,6 +187,19 @@ KNOWN_WARNINGS = {
     # new slice reads the constant, not a slice.
     ("add_below_reshape", "it may fire again on its own result"),
     ("merge_slices_from_the_start", "it may fire again on its own result"),
+    # The constant triangle's less_equal reads a constant, not a range; the
+    # folded gather's indices are a constant, not a slice.
+    ("causal_mask_from_a_constant_triangle", "it may fire again on its own result"),
+    ("gather_of_a_constant_slice", "it may fire again on its own result"),
+    # The rebuilt SDPA's mask is cut from a rank-2 table, where the pattern asks
+    # for one of rank 3 or more; the scaled positions' table concat reads a
+    # constant chain, not a mul of a cast range.
+    ("sdpa_mask_slice_without_leading_unit_axes", "it may fire again on its own result"),
+    ("rotary_table_from_scaled_positions", "it may fire again on its own result"),
+    # The causal masks' tables are built over a constant shape or a constant
+    # range, where the patterns ask for a runtime one.
+    ("causal_float_mask_from_a_constant_band", "it may fire again on its own result"),
+    ("causal_select_mask_from_a_constant_triangle", "it may fire again on its own result"),
 }
 
 

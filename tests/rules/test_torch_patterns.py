@@ -252,6 +252,61 @@ class RepeatKeyValue(Heads):
         return self.merge(F.scaled_dot_product_attention(q, repeat(k), repeat(v)))
 
 
+class Transformers5EagerCausal(Heads):
+    """transformers 5's eager attention under a causal mask (masking_utils.eager_mask): kv <= q
+    over two aranges put on the last two axes, torch.where(mask, 0, finfo.min) added to the
+    scores; the keys pass through an empty KV cache, torch.cat([past, new]) with nothing past
+    (DynamicCache), which coremltools writes as a concat of the new keys alone."""
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        past = torch.zeros(1, HEADS, 0, HEAD)
+        k, v = torch.cat([past, k], dim=-2), torch.cat([past, v], dim=-2)
+        positions = torch.arange(x.size(1))
+        keep = positions[None, None, None, :] <= positions[None, None, :, None]
+        additive = torch.where(keep, torch.tensor(0.0), torch.tensor(torch.finfo(x.dtype).min))
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(HEAD))
+        return self.merge(torch.softmax(scores + additive, dim=-1) @ v)
+
+
+class Transformers5Rotary(Heads):
+    """transformers 5's LlamaRotaryEmbedding: freqs = position_ids[..., None] * inv_freq (a
+    broadcast mul, where transformers 4 wrote a matmul), then cos and sin of concat(freqs,
+    freqs), applied to q and k before causal SDPA with the scale given."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, HEAD, 2).float() / HEAD)))
+
+    @staticmethod
+    def rotate_half(x):
+        return torch.cat((-x[..., HEAD // 2:], x[..., : HEAD // 2]), dim=-1)
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        position_ids = torch.arange(x.size(1))[None, :]
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        q, k = q * cos + self.rotate_half(q) * sin, k * cos + self.rotate_half(k) * sin
+        return self.merge(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=HEAD**-0.5))
+
+
+class PositionEmbeddings(nn.Module):
+    """GPT-2's embeddings: word embeddings of the ids plus position embeddings of
+    arange(L)[None], the position table longer than the RangeDim's bound."""
+
+    integer_inputs = True
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.positions = nn.Embedding(50, WIDTH), nn.Embedding(128, WIDTH)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.size(1))[None, :]
+        return self.words(ids) + self.positions(positions)
+
+
 # ------------------------------------------------------------------ conversion
 
 
@@ -339,6 +394,14 @@ def assert_computes(name: str, flexible: bool, ours: bool = True) -> None:
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+def assert_costs_over_static(name: str, flexible_program, extra: Counter) -> None:
+    """Under our pipeline the flexible program of MODELS[name] has exactly `extra` ops more than
+    the static one (the run-time work a flexible length needs), and the static one computes too."""
+    _, static, _ = converted(name, False, True)
+    assert histogram(flexible_program) - histogram(static) == extra
+    assert_computes(name, False)
+
+
 MODELS = {
     "padding_mask": PaddingMaskAttention,
     "scaled_sdpa": ScaledCausalSdpa,
@@ -356,6 +419,9 @@ MODELS = {
     "causal_sdpa": CausalSdpa,
     "decoder_causal_mask": DecoderCausalMask,
     "rotary": RotaryAttention,
+    "transformers5_eager_causal": Transformers5EagerCausal,
+    "transformers5_rotary": Transformers5Rotary,
+    "position_embeddings": PositionEmbeddings,
 }
 
 SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
@@ -388,34 +454,44 @@ def test_an_additive_padding_mask_is_the_fused_ops_float_mask(flexible):
 def test_coremltools_own_lowering_of_sdpa_with_scale_is_fused_back(flexible):
     fused_attention("scaled_sdpa", flexible, "fuse_additive_mask_attention_to_sdpa")
     _, default, _ = converted("scaled_sdpa", flexible, False)
-    _, ours, _ = converted("scaled_sdpa", flexible, True)
+    _, ours, fired = converted("scaled_sdpa", flexible, True)
     # The query's mul(q, 0.3) now multiplies by 0.3·sqrt(8) instead: one mul
-    # still, not a second one on top of it.
-    assert histogram(ours)["mul"] == histogram(default)["mul"]
+    # still, not a second one on top of it. Under a flexible length the causal
+    # mask's -30000·(1 - cast(tril)) is a slice of a constant table, so its
+    # mul (and cast, sub, fill, band_part) go too.
+    if flexible:
+        assert fired["causal_float_mask_from_a_constant_band"] == 1
+        assert histogram(ours)["mul"] == histogram(default)["mul"] - 1
+        assert histogram(ours)["band_part"] == histogram(ours)["fill"] == histogram(ours)["cast"] == 0
+    else:
+        assert histogram(ours)["mul"] == histogram(default)["mul"]
 
 
 def test_a_causal_mask_built_at_run_time_becomes_a_boolean_one():
     # Flexible: coremltools builds select(less(r, r + 1 as a column), 0, fill(L, L)) and
     # expands it twice; the length read back from the fill is the length
     # (shape_of_fill, gather_of_scalar_concat), the two ranges merge, the two
-    # expand_dims are one, and the float mask becomes its condition.
+    # expand_dims are one, and the float mask becomes its condition. That
+    # condition, r <= r as a column, is then the L-by-L corner of the same
+    # comparison over the RangeDim's bound, a constant (causal_mask_from_a_
+    # constant_triangle), cut without its leading unit axes, which SDPA
+    # broadcasts back (sdpa_mask_slice_without_leading_unit_axes).
     _, default, _ = converted("causal_sdpa", True, False)
     _, ours, fired = converted("causal_sdpa", True, True)
-    for rule in ("shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool"):
+    for rule in ("shape_of_fill", "gather_of_scalar_concat", "fuse_expand_dims", "sdpa_float_mask_to_bool",
+                 "causal_mask_from_a_constant_triangle", "sdpa_mask_slice_without_leading_unit_axes"):
         assert fired[rule] >= 1, (rule, fired)
     before, after = histogram(default), histogram(ours)
     assert before["fill"] == 1 and before["select"] == 2 and before["tile"] == 1 and before["shape"] == 3
     assert after["fill"] == after["fill_like"] == after["select"] == after["tile"] == 0
-    assert after["shape"] == after["gather"] == after["range_1d"] == after["expand_dims"] == 1
+    assert after["range_1d"] == after["expand_dims"] == after["less_equal"] == 0
+    assert after["shape"] == after["gather"] == after["concat"] == after["slice_by_index"] == 1
     # r < r + 1 as a column is r <= the column (add_below_reshape, less_than_one_more)
     assert fired["less_than_one_more"] == 1 and after["add"] == after["less"] == 0
-    assert ops(ours) == ops(default) - 13
+    assert ops(ours) == ops(default) - 15
     assert_computes("causal_sdpa", True)
-    _, static, _ = converted("causal_sdpa", False, True)
-    # the length read (shape, gather), its range, the column (a reshape), less_equal, expand_dims
-    assert histogram(ours) - histogram(static) == Counter(
-        {"shape": 1, "gather": 1, "range_1d": 1, "reshape": 1, "less_equal": 1, "expand_dims": 1})
-    assert_computes("causal_sdpa", False)
+    # the length read (shape, gather), the end (n, n) and the cut of the constant mask
+    assert_costs_over_static("causal_sdpa", ours, Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 1}))
 
 
 def test_a_decoder_causal_mask_becomes_a_boolean_one():
@@ -428,12 +504,15 @@ def test_a_decoder_causal_mask_becomes_a_boolean_one():
     assert before["band_part"] == 1 and before["fill"] == 1 and before["greater"] == 1
     assert after["band_part"] == after["fill"] == after["greater"] == after["cast"] == after["mul"] == 0
     assert after["less_equal"] == after["range_1d"] == 1 and after["slice_by_index"] == after["add"] == 0
-    assert ops(ours) == ops(default) - 17
+    # SDPA takes the (L, L) mask as it is: its expand_dims to rank 4 goes
+    # (sdpa_mask_without_leading_unit_axes).
+    assert fired["sdpa_mask_without_leading_unit_axes"] == 1 and after["expand_dims"] == 0
+    assert ops(ours) == ops(default) - 18
     assert_computes("decoder_causal_mask", True)
     _, static, _ = converted("decoder_causal_mask", False, True)
-    # the length read (shape, gather), its range, the column (a reshape), less_equal, expand_dims
+    # the length read (shape, gather), its range, the column (a reshape), less_equal
     assert histogram(ours) - histogram(static) == Counter(
-        {"shape": 1, "gather": 1, "range_1d": 1, "reshape": 1, "less_equal": 1, "expand_dims": 1})
+        {"shape": 1, "gather": 1, "range_1d": 1, "reshape": 1, "less_equal": 1})
 
 
 def test_rotary_tables_are_slices_of_constants():
@@ -449,10 +528,8 @@ def test_rotary_tables_are_slices_of_constants():
     assert after["cos"] == after["sin"] == after["matmul"] == after["range_1d"] == after["expand_dims"] == 0
     assert ops(ours) == ops(default) - 8
     assert_computes("rotary", True)
-    _, static, _ = converted("rotary", False, True)
     # the length read, its end for the slices, and the two slices of the tables
-    assert histogram(ours) - histogram(static) == Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 2})
-    assert_computes("rotary", False)
+    assert_costs_over_static("rotary", ours, Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 2}))
 
 
 # ------------------------------------------------------------------ masked_fill(~mask, -inf)
@@ -592,8 +669,11 @@ def test_token_types_of_a_zero_buffer_are_one_row_added():
     assert fired["add_uniform_embedding_row"] == 1
     _, static, _ = converted("embeddings", False, True)
     _, default, _ = converted("embeddings", True, False)
-    assert histogram(default)["gather"] == 4 and histogram(ours)["gather"] == 3
-    assert histogram(ours)["gather"] == histogram(static)["gather"] + 2  # the length, the positions' lookup
+    # The positions' lookup through their buffer, gather(table, ids[:, :L]), is a cut of
+    # the folded gather(table, ids) (gather_of_a_constant_slice).
+    assert fired["gather_of_a_constant_slice"] == 1
+    assert histogram(default)["gather"] == 4 and histogram(ours)["gather"] == 2
+    assert histogram(ours)["gather"] == histogram(static)["gather"] + 1  # the length
     assert_computes("embeddings", True)
 
 
@@ -603,10 +683,12 @@ def test_gather_guards_of_positions_proved_non_negative_go():
     # buffers, so their guards go; the word ids come from the user and keep theirs.
     _, default, _ = converted("embeddings", True, False)
     _, ours, fired = converted("embeddings", True, True)
-    assert fired["remove_nonnegative_index_guard"] >= 2  # and guards of constant indices, before they fold
+    # (the positions' guard goes with their lookup, gather_of_a_constant_slice's cut of a constant)
+    assert fired["remove_nonnegative_index_guard"] >= 1  # and guards of constant indices, before they fold
     before, after = histogram(default), histogram(ours)
     assert before["gather"] == 4  # three tables and the length read from shape(x)
-    assert after["gather"] == 3  # the token types' table is one row, folded (add_uniform_embedding_row)
+    # the token types' table is one row, folded (add_uniform_embedding_row); the positions' a cut
+    assert after["gather"] == 2
     assert before["greater_equal"] == 3 and after["greater_equal"] == 1
     assert after["select"] == 1  # the ids' guard (the default has the expand's size select too)
     assert after["add"] == before["add"] - 2
@@ -707,3 +789,63 @@ def test_stablehlo_batch_one_causal_attention_is_one_op(jax_side):
     assert ops(theirs) == 12
     assert histogram(ours) == Counter({"scaled_dot_product_attention": 1})
     assert parity.agrees_with_jax("causal_attention_arange", ours, False).ok
+
+
+# ------------------------------------------------------------------ what transformers 5 writes
+
+
+def test_transformers5_eager_causal_mask_and_empty_cache_cost_four_ops_over_static():
+    # The empty KV cache's concats of one value go (remove_single_value_concat),
+    # so the keys' length is the query's; the additive mask then fuses, and
+    # where(kv <= q, 0, min) over the aranges is the L-by-L corner of the same
+    # mask over the RangeDim's bound, a folded constant.
+    _, default, _ = converted("transformers5_eager_causal", True, False)
+    _, ours, fired = converted("transformers5_eager_causal", True, True)
+    assert fired["remove_single_value_concat"] == 2
+    assert fired["fuse_additive_mask_attention_to_sdpa"] == 1
+    assert fired["causal_select_mask_from_a_constant_triangle"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["concat"] == 2 and before["less_equal"] == 1 and before["range_1d"] == 1
+    assert after["less_equal"] == after["range_1d"] == after["select"] == after["fill_like"] == 0
+    assert ops(ours) == ops(default) - 11
+    assert_computes("transformers5_eager_causal", True)
+    # the length read (shape, gather), the end (n, n) and the cut of the constant mask
+    assert_costs_over_static(
+        "transformers5_eager_causal", ours, Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 1}))
+
+
+def test_transformers5_rotary_table_and_causal_sdpa_mask_are_cuts_of_constants():
+    # freqs = positions * inv_freq (a mul) over range(0, L): a slice of the table over
+    # range(0, 64), whose cos and sin fold; coremltools' causal float mask for the SDPA it
+    # decomposes (scale given) reads the query's and key's lengths from their shapes, which
+    # are the input's (read_sliced_sizes_from_the_input), and its -30000·(1 - cast(tril))
+    # is a cut of a folded constant (causal_float_mask_from_a_constant_band).
+    _, default, _ = converted("transformers5_rotary", True, False)
+    _, ours, fired = converted("transformers5_rotary", True, True)
+    assert fired["rotary_table_from_scaled_positions"] == 1
+    assert fired["cos_of_a_constant_slice"] == fired["sin_of_a_constant_slice"] == 1
+    assert fired["read_sliced_sizes_from_the_input"] == 2
+    assert fired["causal_float_mask_from_a_constant_band"] == 1
+    after = histogram(ours)
+    for gone in ("range_1d", "cos", "sin", "fill", "band_part", "cast", "sub"):
+        assert after[gone] == 0, gone
+    assert ops(ours) == ops(default) - 19
+    assert_computes("transformers5_rotary", True)
+    # the length read, the two ends (the mask's and the tables') and three cuts
+    assert_costs_over_static(
+        "transformers5_rotary", ours, Counter({"shape": 1, "gather": 1, "concat": 2, "slice_by_index": 3}))
+
+
+def test_position_embeddings_of_an_arange_are_the_first_rows_of_the_table():
+    # embedding(arange(L)[None]): the leading axis goes (add_rows_without_leading_axes),
+    # and the gather of range(0, L), L <= 64 < 128 rows, is the table's first L rows.
+    _, default, _ = converted("position_embeddings", True, False)
+    _, ours, fired = converted("position_embeddings", True, True)
+    assert fired["add_rows_without_leading_axes"] == 1 and fired["rows_of_a_table_by_position"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["range_1d"] == 1 and after["range_1d"] == after["expand_dims"] == 0
+    assert after["gather"] == before["gather"] - 1  # the word lookup and the length read stay
+    assert ops(ours) == ops(default) - 4
+    assert_computes("position_embeddings", True)
+    _, static, _ = converted("position_embeddings", False, True)
+    assert histogram(ours) - histogram(static) == Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 1})

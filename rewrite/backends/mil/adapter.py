@@ -314,6 +314,11 @@ class MilAdapter:
                 return widened
         return inferred
 
+    def stated_shape(self, value: Var):
+        """The shape coremltools' own type gives `value`, which its passes and serializer go by
+        (`shape` corrects the types coremltools is known to get wrong)."""
+        return _shape_of_type(value.sym_type)
+
     def proven_shape(self, value: Var):
         inferred = self.shape(value)
         op = value.op
@@ -432,9 +437,8 @@ class MilAdapter:
             axis = int(axis) % len(x) if x else 0
             return (*x[:axis], *indices, *x[axis + 1:])
         if kind == "concat":
-            interleave = inputs.get("interleave")
-            if interleave is not None and (interleave.val is None or interleave.val):
-                return None
+            # Interleaving reorders the elements along the axis, not their count:
+            # the shape is the same either way.
             parts = [self.proven_shape(v) for v in inputs["values"]]
             if any(part is None for part in parts) or not parts or len({len(part) for part in parts}) != 1:
                 return None
@@ -1046,6 +1050,7 @@ class MilAdapter:
                 _inherit_scopes(_ops_between(block, previous, old.op), old.op, None)
         consumers = self.consumers(old)
         anchor = old.op
+        stated_apart = old.sym_type != new.sym_type
         block.replace_uses_of_var_after_op(
             anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
         )
@@ -1054,6 +1059,26 @@ class MilAdapter:
             old.name = old.name + "_replaced"
         if self.check_types:
             self._check_consumers(consumers)
+        elif stated_apart:
+            self._refresh_consumers(consumers)
+
+    def _refresh_consumers(self, consumers: Sequence[Operation]) -> None:
+        # The guard proved the consumers' outputs unchanged, but coremltools
+        # still states the types it inferred from the old operand: a fresh
+        # symbol (`is125`) where the new one has the query's `is0`. Ops built
+        # later from those types (an SDPA whose mask's length is is0 and key's
+        # is125) would be refused, so the consumers take their types anew, as
+        # checked mode has them do. One level: their own consumers' stated
+        # types were consistent and stay so up to symbol names.
+        for op in consumers:
+            if op.enclosing_block is None:
+                continue
+            try:
+                with _in_block(op.enclosing_block), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    op.type_value_inference(overwrite_output=True)
+            except Exception:  # the stale type stays, as coremltools' own passes leave theirs
+                pass
 
     def _check_consumers(self, consumers: Sequence[Operation]) -> None:
         # The rule's conditions are what prove that consumers compute the same
@@ -1090,6 +1115,8 @@ class MilAdapter:
             op.set_inputs(no_check_var_types=True, type_inference=False, **changed)
         if self.check_types:
             self._check_consumers([op])
+        elif old.sym_type != new.sym_type:
+            self._refresh_consumers([op])
 
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
