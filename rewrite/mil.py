@@ -49,7 +49,8 @@ _FLEXIBLE_SHAPES = (
     "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
     "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
     "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
-    "rows_of_a_table_by_position", "gather_of_a_constant_slice",
+    "rows_of_a_table_by_position", "gather_of_a_constant_slice", "gather_nd_of_one_row", "gather_nd_of_the_only_row",
+    "remove_logical_and_with_true",
 )
 
 GROUPS = (
@@ -107,6 +108,7 @@ GROUPS = (
             "fuse_selects_on_one_condition", "causal_float_mask_from_a_constant_band",
             "causal_select_mask_from_a_constant_triangle", "causal_mask_from_a_constant_triangle",
             "sdpa_mask_without_leading_unit_axes", "sdpa_mask_slice_without_leading_unit_axes",
+            "sdpa_mask_without_a_true_conjunct", "sdpa_select_mask_without_a_true_conjunct",
         ) + _FLEXIBLE_SHAPES,
         "common::remove_redundant_ops", after=True,
     ),

@@ -307,6 +307,51 @@ class PositionEmbeddings(nn.Module):
         return self.words(ids) + self.positions(positions)
 
 
+class Transformers5PaddingMask(Heads):
+    """transformers 5's bidirectional mask with padding (masking_utils.sdpa_mask, no vmap): q >= 0
+    over the query positions, and-ed with mask[batch, kv] read by advanced indexing (which the
+    torch frontend lowers to gather_nd of stacked indices); given to SDPA with its scale, or
+    (eager) as torch.where(keep, 0, min) added to the scores."""
+
+    inputs = ("x", "mask")
+
+    def __init__(self, eager: bool = False):
+        super().__init__()
+        self.eager = eager
+
+    def forward(self, x, mask):
+        q, k, v = self.split(x)
+        length = x.size(1)
+        batch = torch.arange(x.size(0))[:, None, None, None]
+        queries = torch.arange(length)[None, None, :, None]
+        keys = torch.arange(length)[None, None, None, :]
+        keep = (queries >= 0) & mask.bool()[batch, keys]
+        if not self.eager:
+            return self.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=HEAD**-0.5))
+        additive = torch.where(keep, torch.tensor(0.0), torch.tensor(torch.finfo(x.dtype).min))
+        scores = (q @ k.transpose(-1, -2)) * HEAD**-0.5
+        return self.merge(torch.softmax(scores + additive, dim=-1) @ v)
+
+
+class Transformers5TokenTypes(nn.Module):
+    """transformers 5's BERT token types: a zero buffer expanded and read with torch.gather at
+    the position ids (a slice of a position buffer), expanded to the ids' shape, looked up."""
+
+    integer_inputs = True
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.types = nn.Embedding(50, WIDTH), nn.Embedding(2, WIDTH)
+        self.register_buffer("position_ids", torch.arange(128)[None, :])
+        self.register_buffer("token_type_ids", torch.zeros(1, 128, dtype=torch.long))
+
+    def forward(self, ids):
+        batch, length = ids.shape
+        position_ids = self.position_ids[:, :length]
+        buffered = torch.gather(self.token_type_ids.expand(position_ids.shape[0], -1), dim=1, index=position_ids)
+        return self.words(ids) + self.types(buffered.expand(batch, length))
+
+
 # ------------------------------------------------------------------ conversion
 
 
@@ -422,6 +467,9 @@ MODELS = {
     "transformers5_eager_causal": Transformers5EagerCausal,
     "transformers5_rotary": Transformers5Rotary,
     "position_embeddings": PositionEmbeddings,
+    "transformers5_padding_mask": Transformers5PaddingMask,
+    "transformers5_padding_mask_eager": lambda: Transformers5PaddingMask(eager=True),
+    "transformers5_token_types": Transformers5TokenTypes,
 }
 
 SHAPES = [pytest.param(False, id="static"), pytest.param(True, id="flexible")]
@@ -849,3 +897,48 @@ def test_position_embeddings_of_an_arange_are_the_first_rows_of_the_table():
     assert_computes("position_embeddings", True)
     _, static, _ = converted("position_embeddings", False, True)
     assert histogram(ours) - histogram(static) == Counter({"shape": 1, "gather": 1, "concat": 1, "slice_by_index": 1})
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager"])
+def test_transformers5_padding_mask_is_the_padding_row_broadcast_by_sdpa(eager):
+    # mask[batch, kv] by advanced indexing is gather_nd of stacked indices: for a batch of
+    # one, the mask itself with leading 1s (gather_nd_of_the_only_row; the stack, its tile
+    # and the kv positions go). q >= 0 over the queries is true everywhere (its lower
+    # bound), so SDPA's mask is the padding row alone, broadcast over the queries by SDPA
+    # itself (sdpa_mask_without_a_true_conjunct, or the select form for eager attention).
+    name = "transformers5_padding_mask_eager" if eager else "transformers5_padding_mask"
+    _, default, _ = converted(name, True, False)
+    _, ours, fired = converted(name, True, True)
+    conjunct = "sdpa_select_mask_without_a_true_conjunct" if eager else "sdpa_mask_without_a_true_conjunct"
+    assert fired["gather_nd_of_the_only_row"] == 1 and fired[conjunct] == 1
+    assert fired["fuse_additive_mask_attention_to_sdpa"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["gather_nd"] == before["stack"] == before["logical_and"] == 1 and before["range_1d"] == 1
+    for gone in ("gather_nd", "stack", "tile", "logical_and", "greater_equal", "range_1d", "shape", "gather"):
+        assert after[gone] == 0, gone
+    assert ops(ours) == ops(default) - (25 if eager else 31)
+    assert_computes(name, True)
+    # The static program keeps its gather_nd of constant indices (one op either way); the
+    # flexible one puts the leading axes in front instead, and the eager one has the two
+    # fills Core ML's runtime needs beside a symbolic dim.
+    extra = Counter({"expand_dims": 1, "fill_like": 2} if eager else {"expand_dims": 1})
+    _, static, _ = converted(name, False, True)
+    assert histogram(ours) - histogram(static) == extra
+    kept = {"gather_nd": 1, "logical_and": 1} if eager else {"gather_nd": 1}
+    assert histogram(static) - histogram(ours) == Counter(kept)
+    assert_computes(name, False)
+
+
+def test_transformers5_token_types_read_by_torch_gather_are_one_row_added():
+    # torch.gather(zeros, 1, position_ids) has the indices' shape (the proof follows
+    # gather_along_axis), so the expand's runtime reps are proved ones and the tile goes;
+    # every type is 0, so the lookup is one row, added (add_uniform_embedding_row).
+    _, default, _ = converted("transformers5_token_types", True, False)
+    _, ours, fired = converted("transformers5_token_types", True, True)
+    assert fired["remove_identity_tile"] == 1 and fired["add_uniform_embedding_row"] == 1
+    before, after = histogram(default), histogram(ours)
+    assert before["gather_along_axis"] == before["tile"] == 1
+    assert after["gather_along_axis"] == after["tile"] == after["shape"] == 0
+    assert ops(ours) == ops(default) - 14
+    assert_computes("transformers5_token_types", True)
+    assert_costs_over_static("transformers5_token_types", ours, Counter())

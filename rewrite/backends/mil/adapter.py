@@ -395,6 +395,8 @@ class MilAdapter:
             return self._matmul_shape(op)
         if kind in mil_shapes.SAME_SHAPE:
             return self.proven_shape(op.inputs["x"])
+        if kind in mil_shapes.INDICES_SHAPE:
+            return self.proven_shape(op.inputs["indices"])
         if kind in mil_shapes.FRONTEND_SHAPES:
             return self._frontend_shape(op, inferred)
         rank = None if inferred is None else len(inferred)
@@ -459,6 +461,29 @@ class MilAdapter:
                     candidates = [part[position] for part in parts]
                     dims.append(min(candidates, key=self._dim_rank))
             return tuple(dims)
+        if kind == "stack":
+            # The values have one shape at run time (stack requires it), with
+            # the new axis of their count put in: take the best-known spelling.
+            parts = [self.proven_shape(v) for v in inputs["values"]]
+            if not parts or any(part is None for part in parts) or len({len(part) for part in parts}) != 1:
+                return None
+            axis = inputs["axis"].val
+            if axis is None:
+                return None
+            dims = [min((part[position] for part in parts), key=self._dim_rank) for position in range(len(parts[0]))]
+            axis = int(axis) % (len(dims) + 1)
+            return (*dims[:axis], len(parts), *dims[axis:])
+        if kind == "gather_nd":
+            # batch_dims 0: each index vector (the indices' last axis) picks a
+            # slice of x's remaining axes, in the indices' leading shape.
+            batch_dims = inputs.get("batch_dims")
+            x, indices = self.proven_shape(inputs["x"]), self.proven_shape(inputs["indices"])
+            if (batch_dims is not None and batch_dims.val) or x is None or not indices:
+                return None
+            depth = indices[-1]
+            if not isinstance(depth, int) or depth > len(x):
+                return None
+            return (*indices[:-1], *x[depth:])
         if kind == "range_1d":
             start, end, step = (self.shape_value(inputs[name]) for name in ("start", "end", "step"))
             if start is None or end is None or step is None or len(start) != 1 or len(end) != 1:

@@ -28,12 +28,15 @@ REDUCTIONS = frozenset(
 LAYOUT = REDUCTIONS | {"expand_dims", "squeeze", "tile", "transpose"}
 # Ops whose output has x's shape.
 SAME_SHAPE = frozenset({"layer_norm", "batch_norm", "instance_norm", "l2_norm", "local_response_norm", "band_part"})
+# Ops whose output has the indices' shape.
+INDICES_SHAPE = frozenset({"gather_along_axis"})
 # Ops the torch frontend puts on a flexible sequence's way (see MilAdapter._frontend_shape).
 FRONTEND_SHAPES = frozenset(
-    {"linear", "scaled_dot_product_attention", "split", "gather", "concat", "range_1d", "slice_by_index"}
+    {"linear", "scaled_dot_product_attention", "split", "gather", "concat", "range_1d", "slice_by_index", "stack",
+     "gather_nd"}
 )
 SHAPE_FOLLOWS = (
-    UNARY_ELEMENTWISE | BINARY_BROADCASTING | LAYOUT | SAME_SHAPE | FRONTEND_SHAPES
+    UNARY_ELEMENTWISE | BINARY_BROADCASTING | LAYOUT | SAME_SHAPE | INDICES_SHAPE | FRONTEND_SHAPES
     | {"select", "fill", "fill_like", "reshape", "matmul"}
 )
 
@@ -56,10 +59,14 @@ def shape_operands(op: Operation) -> list:
         return [inputs["x"]]
     if kind == "reshape":
         return [inputs["x"]]
+    if kind in INDICES_SHAPE:
+        return [inputs["indices"]]
     if kind == "gather":
         return [inputs["x"], inputs["indices"]]
-    if kind == "concat":
+    if kind in ("concat", "stack"):
         return list(inputs["values"])
+    if kind == "gather_nd":
+        return [inputs["x"], inputs["indices"]]
     if kind == "scaled_dot_product_attention":
         return [inputs["query"], inputs["value"]]
     return []
