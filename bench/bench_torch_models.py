@@ -33,7 +33,7 @@ Without `transformers` installed the script says so and exits 0.
 
 Usage:
     python bench/bench_torch_models.py [--models gpt2,llama-eager,...] [--repeat N]
-                                       [--fp16] [--check-values] [--histograms]
+                                       [--fp16] [--check-values] [--histograms] [--apply]
 """
 
 from __future__ import annotations
@@ -251,6 +251,42 @@ def agrees_with_torch(spec: Spec, module, program, flexible: bool) -> bool:
     return True
 
 
+def applied_to_raw_package(traced, spec: Spec, module, flexible: bool, fp16: bool) -> tuple[str, int | None, float]:
+    """`rewrite apply` (a process, as a user runs it) on the model's raw `.mlpackage` (saved
+    with PassPipeline.EMPTY): ("ok" or what failed, non-const ops after, seconds). Checks that
+    the output keeps the input spec (names, dtypes, ranges, defaults) and computes what torch
+    does (as --check-values)."""
+    import subprocess
+    import tempfile
+
+    import coremltools as ct
+
+    from rewrite.backends.mil.files import load_mlpackage
+
+    with tempfile.TemporaryDirectory() as folder:
+        raw, out = Path(folder) / "raw.mlpackage", Path(folder) / "out.mlpackage"
+        ct.convert(
+            traced, inputs=input_types(spec, flexible), convert_to="mlprogram",
+            minimum_deployment_target=ct.target.iOS18, pass_pipeline=ct.PassPipeline.EMPTY, skip_model_load=True,
+            compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
+        ).save(str(raw))
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "rewrite.cli", "apply", str(raw), "-o", str(out)],
+                              capture_output=True, text=True, cwd=REPO)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", None, seconds
+        _, raw_source = load_mlpackage(raw)
+        program, source = load_mlpackage(out)
+        if list(source.spec.description.input) != list(raw_source.spec.description.input):
+            return "input spec changed", None, seconds
+        ops = histogram(program)
+        ops.pop("const", 0)
+        if not agrees_with_torch(spec, module, program, flexible):
+            return "DIFFER", sum(ops.values()), seconds
+        return "ok", sum(ops.values()), seconds
+
+
 def timed_convert(traced, spec, flexible, pipeline, fp16, repeat):
     best, program = None, None
     for _ in range(repeat):
@@ -277,6 +313,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fp16", action="store_true", help="compute_precision FLOAT16 (default FLOAT32)")
     parser.add_argument("--check-values", action="store_true", help="compare each program with torch")
     parser.add_argument("--histograms", action="store_true", help="print what differs, op type by op type")
+    parser.add_argument("--apply", action="store_true",
+                        help="also run `rewrite apply` on each raw .mlpackage: ops, input spec, values, time")
     args = parser.parse_args(argv)
 
     try:
@@ -301,6 +339,8 @@ def main(argv=None) -> int:
     header = ["model", "shape", "default", "ours", "change", "consts d/o", "time default", "time ours"]
     if args.check_values:
         header.append("values d/o")
+    if args.apply:
+        header.extend(["apply", "apply ops", "apply time"])
     rows, results, notes = [], {}, []
     for name in names:
         spec = known[name]
@@ -323,6 +363,9 @@ def main(argv=None) -> int:
                    f"{consts['default']}/{consts['ours']}", f"{times['default']:.2f}s", f"{times['ours']:.2f}s"]
             if args.check_values:
                 row.append(f"{values['default']}/{values['ours']}")
+            if args.apply:
+                verdict, applied, seconds = applied_to_raw_package(traced, spec, module, flexible, args.fp16)
+                row.extend([verdict, "-" if applied is None else applied, f"{seconds:.2f}s"])
             rows.append(row)
             if args.histograms:
                 only_default = counts["default"] - counts["ours"]

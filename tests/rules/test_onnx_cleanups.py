@@ -498,3 +498,43 @@ def test_the_onnx_library_on_exported_models(entry):
         for old, new in zip(outputs, run(built, f)):
             assert old.shape == new.shape and old.dtype == new.dtype
             np.testing.assert_allclose(new, old, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- boolean identities and shared Unsqueezes
+
+
+@pytest.mark.parametrize("op_type, constant", [("And", True), ("Or", False)])
+def test_and_with_true_and_or_with_false_go(op_type, constant):
+    # torch.export's transformers 5 masks: And(ones, condition).
+    nodes = [node("Greater", ["x", "zero"], ["c"]), node(op_type, ["k", "c"], ["m"]), node("Not", ["m"], ["y"])]
+    built = _chain(nodes, ["b", "s"], initializers=[initializer("zero", np.array(0.0, np.float32)),
+                                                     initializer("k", np.full((1, 1), constant))])
+    outcome = rewrite_and_compare(built, feeds(x=[(2, 3), (5, 1)]), ONNX_RULES)
+    assert outcome.fired == 1 and outcome.after == Counter({"Greater": 1, "Not": 1})
+
+
+@pytest.mark.parametrize("op_type, constant", [("And", True), ("Or", False)])
+def test_a_boolean_identity_that_widens_stays(op_type, constant):
+    nodes = [node("Greater", ["x", "zero"], ["c"]), node(op_type, ["k", "c"], ["m"]), node("Not", ["m"], ["y"])]
+    built = _chain(nodes, ["b", 1], initializers=[initializer("zero", np.array(0.0, np.float32)),
+                                                   initializer("k", np.full((1, 3), constant))])
+    unchanged(built, ONNX_RULES)
+
+
+def test_an_unsqueeze_read_by_two_unsqueezes_fuses_into_both():
+    # torch.export reads one range as a row and as a column: both fuse, and the shared
+    # Unsqueeze goes with the second.
+    nodes = [node("Unsqueeze", ["x", "a01"], ["a"]), node("Unsqueeze", ["a", "a2"], ["row"]),
+             node("Unsqueeze", ["a", "a3"], ["col"]), node("Add", ["row", "col"], ["y"])]
+    built = _chain(nodes, ["s"], initializers=[initializer("a01", np.array([0, 1])), initializer("a2", np.array([2])),
+                                                initializer("a3", np.array([3]))])
+    outcome = rewrite_and_compare(built, feeds(x=[(3,), (5,)]), ONNX_RULES)
+    # (each new Unsqueeze's axes are a Constant, which optimize stores as an initializer)
+    assert outcome.fired == 2 and outcome.after == Counter({"Unsqueeze": 2, "Add": 1, "Constant": 2})
+
+
+def test_an_unsqueeze_read_by_another_op_too_stays():
+    nodes = [node("Unsqueeze", ["x", "a0"], ["a"]), node("Unsqueeze", ["a", "a2"], ["u"]),
+             node("Relu", ["a"], ["r"]), node("Add", ["u", "r"], ["y"])]
+    built = _chain(nodes, ["s"], initializers=[initializer("a0", np.array([0])), initializer("a2", np.array([2]))])
+    unchanged(built, ONNX_RULES)
