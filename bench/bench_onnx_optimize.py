@@ -8,6 +8,11 @@ this one run; and whether onnxruntime gives the same outputs as the original
 at the manifest's two test shapes, for ours and for each peer. The last row
 sums the node counts and times over the models shown.
 
+With --processes, each tool is also timed as a fresh process, as a user runs it on
+a file: `rewrite apply model.onnx -o out.onnx` against `python -c` scripts that
+load the model, run the peer and save it (the best of --repeat runs each, start-up
+included); a second table gives those times and their ratios.
+
 With --ops, each model is followed by the op types whose counts differ
 between ours and a peer (ours - peer per op type), to see what a peer removes
 that we keep.
@@ -15,7 +20,7 @@ that we keep.
 Neither peer is a dependency: a peer that is not installed is left out.
 
 Usage:
-    python bench/bench_onnx_optimize.py [--repeat 3] [--models bert t5] [--ops] [--peers onnxscript]
+    python bench/bench_onnx_optimize.py [--repeat 3] [--models bert t5] [--ops] [--peers onnxscript] [--processes]
 """
 
 from __future__ import annotations
@@ -71,6 +76,55 @@ def _peers(wanted=None):
     return {name: peer for name, peer in peers.items() if wanted is None or name in wanted}
 
 
+# What a user of each peer runs on a file: load, optimize, save.
+_PEER_SCRIPTS = {
+    "onnxscript": "import sys, onnx, onnxscript.optimizer as o; m = onnx.load(sys.argv[1]); "
+                  "onnx.save(o.optimize(m), sys.argv[2])",
+    "onnxsim": "import sys, onnx, onnxsim; m, ok = onnxsim.simplify(onnx.load(sys.argv[1])); "
+               "assert ok; onnx.save(m, sys.argv[2])",
+}
+
+
+def _process_seconds(argv: list[str], repeat: int) -> float | None:
+    """The best wall time of `repeat` runs of argv as a process; None if one fails."""
+    from _measure import run_measured
+
+    best = None
+    for _ in range(repeat):
+        run = run_measured(argv, timeout=600)
+        if not run.ok:
+            return None
+        best = run.seconds if best is None else min(best, run.seconds)
+    return best
+
+
+def _processes(entries, peers, repeat) -> list[list[str]]:
+    import tempfile
+
+    rows = [["model", "ours s", *(f"{p} s" for p in peers), *(f"time/{p}" for p in peers)]]
+    totals = {name: 0.0 for name in ("ours", *peers)}
+    with tempfile.TemporaryDirectory() as folder:
+        out = str(Path(folder) / "out.onnx")
+        for entry in entries:
+            path = str(MODELS / entry["file"])
+            seconds = {"ours": _process_seconds([sys.executable, "-m", "rewrite.cli", "apply", path, "-o", out],
+                                                repeat)}
+            for name in peers:
+                seconds[name] = _process_seconds([sys.executable, "-c", _PEER_SCRIPTS[name], path, out], repeat)
+            for name, value in seconds.items():
+                totals[name] += value or 0.0
+            rows.append([entry["file"], *(_seconds(seconds[n]) for n in ("ours", *peers)),
+                         *(_ratio(seconds["ours"], seconds[p]) if seconds["ours"] and seconds[p] else "-"
+                           for p in peers)])
+    rows.append(["total", *(f"{totals[n]:.3f}" for n in ("ours", *peers)),
+                 *(_ratio(totals["ours"], totals[p]) for p in peers)])
+    return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "failed" if value is None else f"{value:.3f}"
+
+
 def _timed(function, path, repeat):
     best, result = None, None
     for _ in range(repeat):
@@ -116,6 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", help="only the exports whose file name starts with one of these")
     parser.add_argument("--peers", nargs="+", help="only these peers (default: every one installed)")
     parser.add_argument("--ops", action="store_true", help="print the op types whose counts differ from a peer's")
+    parser.add_argument("--processes", action="store_true", help="also time each tool as a process on the file")
     arguments = parser.parse_args(argv)
     peers = _peers(arguments.peers)
     entries = [
@@ -162,6 +217,9 @@ def main(argv=None) -> int:
         "", *("" for _ in peers),
     ])
     print(_table(rows))
+    if arguments.processes:
+        print("\nas processes (load, optimize, save; start-up included):")
+        print(_table(_processes(entries, peers, arguments.repeat)))
     if differences:
         print("\nop counts, ours - peer (only the op types that differ):")
         for file, name, delta in differences:

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--rules-only", action="store_true",
                        help="ONNX: only the rules, without constant folding and pruning (the default with --rules)")
     apply.add_argument("--in-place", action="store_true", help="overwrite INPUT with the result")
+    apply.add_argument("--opset", type=_positive, default=None, metavar="N",
+                       help="ONNX: convert the model to opset N first (onnx.version_converter), so that fusions to "
+                            "newer standard ops can fire")
     apply.add_argument("--max-sweeps", type=_positive, default=None, metavar="N",
                        help="give up when rules still fire after N sweeps")
     apply.add_argument("--check-types", action="store_true",
@@ -318,6 +321,8 @@ def _apply(arguments) -> int:
     if not os.path.lexists(source):
         raise UserError(f"{source}: no such file or directory")
     model = _Model(source)
+    if arguments.opset is not None and model.format != "onnx":
+        raise UserError("--opset is for ONNX models; a Core ML program keeps its deployment target")
     if arguments.in_place:
         if arguments.output and Path(os.path.realpath(arguments.output)) != Path(os.path.realpath(source)):
             raise UserError("--in-place writes to INPUT; do not also give -o")
@@ -367,10 +372,15 @@ def _apply(arguments) -> int:
                 # The whole ONNX library: constants folded, the rules, dead values pruned.
                 from rewrite.onnx import optimize
 
-                statistics = optimize(model.program, rules=rule_set, progress=bar, check_types=arguments.check_types,
+                statistics = optimize(model.program, arguments.opset, rules=rule_set, progress=bar,
+                                      check_types=arguments.check_types,
                                       **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
                                       ).statistics
             else:
+                if arguments.opset is not None and model.format == "onnx":
+                    from rewrite.onnx import convert_opset
+
+                    convert_opset(model.program, arguments.opset)
                 statistics = rule_set.apply(model.program, progress=bar, **options)
         except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError, ModelError) as error:
             raise UserError(str(error)) from None

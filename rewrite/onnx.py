@@ -7,6 +7,12 @@
     result = optimize(model)          # in place; result.statistics says what fired
     onnx.save(model, "clean.onnx")
 
+With `opset`, the model is first converted to that version of the default
+domain by `onnx.version_converter` (as a user upgrades a model), so that the
+fusions to ops of newer opsets (`LayerNormalization` 17, `Gelu` 20,
+`RMSNormalization`, `RotaryEmbedding` and `Attention` 23) can fire; without
+it the model keeps its opset, and each rule checks that opset itself.
+
 Rounds of three steps, until a round changes nothing (at most `max_rounds`):
 
 1. constant folding: nodes whose inputs are all constants, and shape
@@ -36,6 +42,7 @@ from rewrite.backends.onnx.folding import (
     prune_model,
 )
 from rewrite.engine.driver import RuleStatistics, Statistics
+from rewrite.engine.interfaces import ModelError
 
 DEFAULT_MAX_ROUNDS = 8
 
@@ -77,8 +84,34 @@ def _shipped_rules() -> RuleSet:
     return load_rules(dialects=["onnx"])
 
 
+def default_opset(model) -> int | None:
+    """The version of the default ONNX domain the model imports; None if it imports none."""
+    versions = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
+    return max(versions) if versions else None
+
+
+def convert_opset(model, opset: int) -> None:
+    """Convert `model` in place to `opset` of the default domain with `onnx.version_converter`.
+
+    Raises `ModelError` naming the versions where the converter cannot do it
+    (an op it has no adapter for, say); the model is then left as it was.
+    """
+    current = default_opset(model)
+    if current == opset:
+        return
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, opset)
+    except Exception as error:  # the converter's own errors are RuntimeError and ValueError alike
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"cannot convert the model from opset {current} to {opset}: {reason}") from None
+    model.CopyFrom(converted)
+
+
 def optimize(
     model,
+    opset: int | None = None,
     *,
     rules: RuleSet | None = None,
     fold: bool = True,
@@ -90,10 +123,13 @@ def optimize(
     """Clean up an `onnx.ModelProto` in place with folding, the rules and pruning; see the module docstring.
 
     External data stays where it is: a tensor too large to read is never
-    folded. The model keeps its opset; rules that build newer ops check the
-    opset themselves. `apply_options` go to each run of the rules
+    folded. The model keeps its opset unless `opset` is given (then it is
+    converted first, see the module docstring); rules that build newer ops
+    check the opset themselves. `apply_options` go to each run of the rules
     (`max_sweeps`, `check_types`, `progress`; see `RuleSet.apply`).
     """
+    if opset is not None:
+        convert_opset(model, opset)
     rules = rules if rules is not None else _shipped_rules()
     with paused_garbage_collection():
         adapter = OnnxAdapter(model, onnx_files.base_dir_of(model))

@@ -517,3 +517,59 @@ def test_fusions_on_the_bundled_exports(name):
         for old, new in zip(run(model, case), run(after, case)):
             assert old.shape == new.shape and old.dtype == new.dtype
             np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ optimize(model, opset)
+
+
+def test_optimize_to_a_newer_opset_converts_first_so_the_fusions_fire():
+    # TorchScript's RMSNorm at opset 20 has no RMSNormalization to become; asked for opset 23,
+    # optimize upgrades the model (onnx.version_converter) and fuses it, values the same.
+    model = rms_norm_export(False, 20)
+    after = copy(model)
+    result = optimize(after, 23)
+    assert [e.version for e in after.opset_import if e.domain in ("", "ai.onnx")] == [23]
+    assert counts(after) == Counter({"RMSNormalization": 1})
+    assert result.statistics.fired("onnx_fuse_rms_norm") == 1
+    close(model, after, feeds(model, 2, 5), reference=True)
+
+
+def test_optimize_at_the_models_own_opset_converts_nothing():
+    model = rms_norm_export(False, 20)
+    after = copy(model)
+    optimize(after, 20)
+    assert [e.version for e in after.opset_import if e.domain in ("", "ai.onnx")] == [20]
+    assert "RMSNormalization" not in counts(after)
+
+
+def test_an_opset_the_converter_cannot_reach_is_a_model_error_and_changes_nothing():
+    from rewrite.engine.interfaces import ModelError
+
+    model = rms_norm_export(False, 20)
+    after = copy(model)
+    with pytest.raises(ModelError, match="cannot convert the model from opset 20 to 1"):
+        optimize(after, 1)
+    assert after == model
+
+
+def test_rewrite_apply_with_opset_writes_the_upgraded_fused_model(tmp_path):
+    from rewrite import cli
+
+    model = rms_norm_export(False, 20)
+    source, target = tmp_path / "rms.onnx", tmp_path / "out.onnx"
+    onnx.save(model, str(source))
+    assert cli.main(["apply", str(source), "-o", str(target), "--opset", "23"]) == 0
+    written = onnx.load(str(target))
+    assert [e.version for e in written.opset_import if e.domain in ("", "ai.onnx")] == [23]
+    assert counts(written) == Counter({"RMSNormalization": 1})
+    close(model, written, feeds(model, 2, 5))
+    assert onnx.load(str(source)) == model  # the input untouched
+
+
+def test_rewrite_apply_opset_on_a_core_ml_package_is_a_usage_error(tmp_path, capsys):
+    from rewrite import cli
+
+    (tmp_path / "m.mlpackage").mkdir()
+    assert cli.main(["apply", str(tmp_path / "m.mlpackage"), "-o", str(tmp_path / "o.mlpackage"),
+                     "--opset", "23"]) != 0
+    assert "--opset is for ONNX models" in capsys.readouterr().err
