@@ -29,6 +29,17 @@ Targets (printed at the end): no model bigger under our pipeline than under
 the default one; the total at least 10% smaller; each flexible model within
 10% of its static twin's op count under our pipeline.
 
+Measured with transformers 5 (5.24): two gaps of coremltools 9's torch frontend are
+bridged as a user would (`register_new_ones`, and Llama's key/value heads repeated by
+transformers rather than passed to SDPA with enable_gqa, which the frontend ignores).
+transformers 4.57 traces GPT-2 with its sequence length baked into a reshape, so its
+flexible programs fail at other lengths under either pipeline.
+
+With `--apply`, `rewrite apply` also runs as a process on each model's raw
+`.mlpackage` (saved with PassPipeline.EMPTY): the output must keep the input
+spec and compute what torch does; the table gives its op count (the raw
+program and our rules alone, no coremltools pass) and its time.
+
 Without `transformers` installed the script says so and exits 0.
 
 Usage:
