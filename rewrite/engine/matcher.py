@@ -133,11 +133,13 @@ class Matcher:
         parts = self._parts.get(id(pattern))
         if parts is None or parts[0] is not pattern:
             operands = pattern.operands
+            positional = [o for o in operands if o.name is None and not o.rest]
             parts = (
                 pattern,
                 [o for o in operands if o.name is not None],
-                [o for o in operands if o.name is None and not o.rest],
+                positional,
                 next((o for o in operands if o.rest), None),
+                _plain_names(positional),
             )
             self._parts[id(pattern)] = parts
         return parts
@@ -198,7 +200,7 @@ class Matcher:
             yield from self._match_named(rest, op, extended)
 
     def _match_positional(self, pattern: ast.OpPattern, op: Op, env: Environment):
-        _, _, patterns, rest = self._split(pattern)
+        _, _, patterns, rest, plain = self._split(pattern)
         trace = self._trace
         table = self.table
         if table is not None and trace is None and table.active:
@@ -238,7 +240,40 @@ class Matcher:
                     remaining = tuple(values[:position] + values[position + 1:])
                     yield from self.match_value(rest.pattern, remaining, env)
             return
+        if plain is not None and trace is None:
+            yield from self._match_plain(pattern, values, plain, rest, env)
+            return
         yield from self._match_orders(pattern, values, patterns, rest, env, trace)
+
+    def _match_plain(self, pattern: ast.OpPattern, values: list, names: tuple, rest, env: Environment):
+        """`_match_orders` where each operand pattern is a plain `%v` or `_` (`names`:
+        the variables, None for `_`): the same environments in the same order, with
+        one copy of `env` per order tried, not a chain of generators per operand.
+        `broadcasting(%t, %other) in any order` is asked at every use of a value."""
+        if pattern.any_order:
+            orders = permutations(range(len(values)), len(names))
+        else:
+            orders = (range(len(names)),)
+        for order in orders:
+            extended = env
+            for var, position in zip(names, order):
+                if var is None:
+                    continue
+                value = values[position]
+                if var in extended:
+                    if not _same(extended[var], value):
+                        break
+                else:
+                    if extended is env:
+                        extended = dict(env)
+                    extended[var] = value
+            else:
+                if rest is None:
+                    yield extended
+                else:
+                    taken = set(order)
+                    remaining = tuple(v for i, v in enumerate(values) if i not in taken)
+                    yield from self.match_value(rest.pattern, remaining, extended)
 
     def _match_orders(self, pattern: ast.OpPattern, values: list, patterns, rest, env: Environment, trace=None):
         """The operand patterns against the values in order, or in every order for `in any order`."""
@@ -371,6 +406,21 @@ def _expected(pattern: ast.OpPattern) -> str:
     members = sorted(pattern.types)
     shown = ", ".join(members[:6]) + (", ..." if len(members) > 6 else "")
     return f"{pattern.op} ({shown})"
+
+
+def _plain_names(operands) -> tuple | None:
+    """The variables of operand patterns that are each a plain `%v` (None for a `_`),
+    or None if any has a producer pattern or is an op pattern."""
+    names = []
+    for operand in operands:
+        node = operand.pattern
+        if type(node) is ast.Wildcard:
+            names.append(None)
+        elif type(node) is ast.Bind and node.producer is None:
+            names.append(node.var)
+        else:
+            return None
+    return tuple(names)
 
 
 def _is_bound(pattern, env: Environment) -> bool:
