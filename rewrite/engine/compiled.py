@@ -24,6 +24,7 @@ with the op's width.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -800,6 +801,10 @@ def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, 
     check_first, check_second = 0 in positions, 1 in positions
     name, third = keyword
     check_third = name in names
+    # `aligned_dim(x, axis, of=%e)`: where the keyword is the builtin's next
+    # parameter it is passed as one, without a dict of keywords per call.
+    parameters = list(inspect.signature(builtin).parameters)
+    positional = len(parameters) >= 4 and parameters[3] == name
 
     def call(env):
         a, b, c = first(env), second(env), third(env)
@@ -809,6 +814,8 @@ def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, 
             return missing
         if check_third and (c is ABSENT or c is UNKNOWN):  # None is a keyword's "not given"
             return missing
+        if positional:
+            return builtin(adapter, a, b, c)
         return builtin(adapter, a, b, **{name: c})
 
     return call

@@ -528,9 +528,10 @@ def _dim(adapter, value, axis):
     index = _axis(axis, len(shape))
     if index is None:
         return UNKNOWN
-    if not is_literal(shape[index]):
-        shape = _proven(adapter, value, shape)
-    return shape[index]
+    dim = shape[index]
+    if type(dim) is int or is_literal(dim):
+        return dim
+    return _proven(adapter, value, shape)[index]
 
 
 def _shape_list(adapter, value):
@@ -572,9 +573,10 @@ def _right_dim(adapter, value, offset: int):
     position = len(shape) - offset
     if position < 0:
         return 1
-    if not is_literal(shape[position]):
-        shape = _proven(adapter, value, shape)
-    return shape[position]
+    dim = shape[position]
+    if type(dim) is int or is_literal(dim):
+        return dim
+    return _proven(adapter, value, shape)[position]
 
 
 def _constant(adapter, value):
