@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from rewrite.engine.conditions import (
@@ -414,13 +415,13 @@ class CompiledConditions:
         if kind is ast.Literal:
             constant = expr.value
             return lambda env: constant
+        # Bindings are read at nearly every step: by callables that run in C,
+        # not a Python frame each.
         if kind is ast.ValueRef:
-            var = expr.var
-            return lambda env: env[var]
+            return itemgetter(expr.var)  # env[var]
         if kind is ast.NameRef:
-            name = expr.name
-            named = NAMED_CONSTANTS.get(name, (None, None))[1]
-            return lambda env: env[name] if name in env else named
+            named = NAMED_CONSTANTS.get(expr.name, (None, None))[1]
+            return methodcaller("get", expr.name, named)  # env[name] if bound, else the constant
         if kind is ast.ListExpr:
             items = [self.value(item) for item in expr.items]
             return lambda env: [item(env) for item in items]

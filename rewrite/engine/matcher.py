@@ -14,7 +14,7 @@ a few places when off, so deciding pays nearly nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Any
@@ -127,6 +127,8 @@ class Matcher:
         # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
         # split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
+        # id(pattern) -> (pattern, `_flat_operands` of it), for the anchor's clause.
+        self._flat: dict[int, tuple] = {}
         self._trace: _Trace | None = None  # only while `mismatch` runs
 
     def _split(self, pattern: ast.OpPattern) -> tuple:
@@ -377,14 +379,41 @@ class Matcher:
             return f"a rest of {len(value)} operand(s)"
         return f"%{self.adapter.value_name(value)}"
 
-    def match_rule(self, rule: ast.Rule, anchor: Op) -> Iterator[Environment]:
+    def match_rule(self, rule: ast.Rule, anchor: Op) -> Iterable[Environment]:
         """Every way the rule's `match` clauses fit, with `anchor` as the first."""
-        outputs = self.adapter.outputs(anchor)
+        adapter = self.adapter
+        outputs = adapter.outputs(anchor)
         if not outputs:
-            return
-        first = rule.matches[0]
+            return ()
+        clauses = rule.matches
+        first = clauses[0]
         env = {first.var: outputs[0]}
-        yield from self._match_clauses(rule.matches, 0, anchor, env)
+        if len(clauses) == 1 and self._trace is None:
+            flat = self._flat.get(id(first.pattern))
+            if flat is None or flat[0] is not first.pattern:
+                flat = self._flat[id(first.pattern)] = (first.pattern, _flat_operands(first.pattern))
+            operands = flat[1]
+            if operands is not None:
+                # `%e = Expand(input=%x, shape=_)`: every rule is tried on
+                # every op of its type, and a pattern of named operands that
+                # are plain variables matches one way or none.
+                if adapter.op_type(anchor) not in first.pattern.types:
+                    return ()
+                for name, var, optional in operands:
+                    value = adapter.operand(anchor, name)
+                    if value is None:
+                        if not optional:
+                            return ()
+                        value = ABSENT
+                    if var is None:
+                        continue
+                    if var in env:
+                        if not _same(env[var], value):
+                            return ()
+                    else:
+                        env[var] = value
+                return (env,)
+        return self._match_clauses(clauses, 0, anchor, env)
 
     def _match_clauses(self, clauses, index: int, anchor: Op, env: Environment):
         if index == len(clauses):
@@ -406,6 +435,25 @@ def _expected(pattern: ast.OpPattern) -> str:
     members = sorted(pattern.types)
     shown = ", ".join(members[:6]) + (", ..." if len(members) > 6 else "")
     return f"{pattern.op} ({shown})"
+
+
+def _flat_operands(pattern: ast.OpPattern) -> tuple | None:
+    """(name, variable or None for `_`, optional) of each operand of a pattern whose
+    operands are all named, in a fixed order, and plain `%v` or `_`; else None."""
+    if pattern.any_order or not pattern.operands:
+        return None  # no named operand: the positional way, which counts the op's operands
+    found = []
+    for operand in pattern.operands:
+        node = operand.pattern
+        if operand.name is None or operand.rest:
+            return None
+        if type(node) is ast.Wildcard:
+            found.append((operand.name, None, operand.optional))
+        elif type(node) is ast.Bind and node.producer is None:
+            found.append((operand.name, node.var, operand.optional))
+        else:
+            return None
+    return tuple(found)
 
 
 def _plain_names(operands) -> tuple | None:
