@@ -124,8 +124,8 @@ class Matcher:
         self.adapter = adapter
         self.table = table
         self.lazy_rests = lazy_rests
-        # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
-        # split once, not at every op tried.
+        # id(pattern) -> (pattern, named operands, positional ones, the rest operand,
+        # `_plain_names` of the positional ones): split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
         # id(pattern) -> (pattern, `_flat_operands` of it), for the anchor's clause.
         self._flat: dict[int, tuple] = {}
