@@ -24,7 +24,9 @@ with the op's width.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from rewrite.engine.conditions import (
@@ -413,13 +415,13 @@ class CompiledConditions:
         if kind is ast.Literal:
             constant = expr.value
             return lambda env: constant
+        # Bindings are read at nearly every step: by callables that run in C,
+        # not a Python frame each.
         if kind is ast.ValueRef:
-            var = expr.var
-            return lambda env: env[var]
+            return itemgetter(expr.var)  # env[var]
         if kind is ast.NameRef:
-            name = expr.name
-            named = NAMED_CONSTANTS.get(name, (None, None))[1]
-            return lambda env: env[name] if name in env else named
+            named = NAMED_CONSTANTS.get(expr.name, (None, None))[1]
+            return methodcaller("get", expr.name, named)  # env[name] if bound, else the constant
         if kind is ast.ListExpr:
             items = [self.value(item) for item in expr.items]
             return lambda env: [item(env) for item in items]
@@ -800,6 +802,10 @@ def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, 
     check_first, check_second = 0 in positions, 1 in positions
     name, third = keyword
     check_third = name in names
+    # `aligned_dim(x, axis, of=%e)`: where the keyword is the builtin's next
+    # parameter it is passed as one, without a dict of keywords per call.
+    parameters = list(inspect.signature(builtin).parameters)
+    positional = len(parameters) >= 4 and parameters[3] == name
 
     def call(env):
         a, b, c = first(env), second(env), third(env)
@@ -809,6 +815,8 @@ def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, 
             return missing
         if check_third and (c is ABSENT or c is UNKNOWN):  # None is a keyword's "not given"
             return missing
+        if positional:
+            return builtin(adapter, a, b, c)
         return builtin(adapter, a, b, **{name: c})
 
     return call

@@ -352,8 +352,11 @@ class Evaluator:
         return _arithmetic(expr.operator, self.value(expr.left, env), self.value(expr.right, env))
 
     def _index(self, base, position):
-        if base is UNKNOWN or not is_literal(position) or position != int(position):
+        if base is UNKNOWN:
             return UNKNOWN
+        if type(position) is not int:  # an int is what `%reps[axis]` gives nearly always
+            if not is_literal(position) or position != int(position):
+                return UNKNOWN
         if isinstance(base, OperandsExcept):
             base = base.materialize()
         if isinstance(base, tuple):  # the values a rest or variadic operand bound
@@ -373,13 +376,13 @@ class Evaluator:
         # evaluation (constants do not change while conditions are evaluated).
         if value is ABSENT:
             return None
-        key = id(value)
-        if key not in self._constants:
+        cached = self._constants.get(id(value))
+        if cached is None:
             constant = self.adapter.constant(value)
-            self._constants[key] = (
+            cached = self._constants[id(value)] = (
                 value, None if constant is None else np.asarray(constant).reshape(-1).tolist()
             )
-        return self._constants[key][1]
+        return cached[1]
 
     def _call(self, expr: ast.Call, env: Environment):
         arguments = [self.value(a, env) for a in expr.arguments]
@@ -528,9 +531,10 @@ def _dim(adapter, value, axis):
     index = _axis(axis, len(shape))
     if index is None:
         return UNKNOWN
-    if not is_literal(shape[index]):
-        shape = _proven(adapter, value, shape)
-    return shape[index]
+    dim = shape[index]
+    if type(dim) is int or is_literal(dim):
+        return dim
+    return _proven(adapter, value, shape)[index]
 
 
 def _shape_list(adapter, value):
@@ -572,9 +576,10 @@ def _right_dim(adapter, value, offset: int):
     position = len(shape) - offset
     if position < 0:
         return 1
-    if not is_literal(shape[position]):
-        shape = _proven(adapter, value, shape)
-    return shape[position]
+    dim = shape[position]
+    if type(dim) is int or is_literal(dim):
+        return dim
+    return _proven(adapter, value, shape)[position]
 
 
 def _constant(adapter, value):

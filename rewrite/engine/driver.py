@@ -234,17 +234,30 @@ class Driver:
                 failure = self.evaluator.failure
         return Decision(rule, anchor, matched, truth, failure, None)
 
+    def _firing(self, rule: ast.Rule, anchor: Op) -> dict | None:
+        """The bindings `rule` fires with on `anchor`, or None: what `decide` finds,
+        without the record of why not, which only explaining reads."""
+        if self.evaluator.explaining:
+            return self.decide(rule, anchor).env
+        holds = self.compiled.holds
+        conditions = self._conditions[rule.name]
+        for env in self.matcher.match_rule(rule, anchor):
+            final = holds(conditions, env)[1]
+            if final is not None:
+                return final
+        return None
+
     def try_rule(self, rule: ast.Rule, anchor: Op) -> bool:
         """Match, check and, if everything holds, rewrite. True if the rule fired."""
         statistics = self.statistics.rules[rule.name]
         statistics.attempts += 1
         start = time.perf_counter()
         try:
-            decision = self.decide(rule, anchor)
-            if not decision.fires:
+            env = self._firing(rule, anchor)
+            if env is None:
                 return False
             try:
-                touched = self.rewriter.apply(rule, decision.env, anchor)
+                touched = self.rewriter.apply(rule, env, anchor)
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rewrite.engine.interfaces import Adapter, Op, OperandRejected, Value
-from rewrite.engine.logic import UNKNOWN, Truth, equal
+from rewrite.engine.logic import UNKNOWN, Truth, equal, proved_equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
 
 Shape = tuple | None
@@ -92,7 +92,7 @@ class ShapeGuard:
                     return refusal
         if not consumers:
             return None
-        if self._same_type(old, new, "") is None:
+        if self._same_types(old, new):
             if self._output_types_with is not None and (self._proving or self._stated_apart(old, new)):
                 # Proved the same type, though the IR states the two apart
                 # (fresh symbols, or a type the adapter knows to be wrong, as
@@ -121,11 +121,30 @@ class ShapeGuard:
         adapter = self.adapter
         return _compare(where, "", (adapter.dtype(old), self._shape(old)), (adapter.dtype(new), self._shape(new)))
 
+    def _same_types(self, old: Value, new: Value) -> bool:
+        """`_same_type(old, new) is None`, without the refusal: asked of every
+        rewrite first, and most widen or narrow their operand, so the answer
+        is usually no, which needs no message."""
+        adapter = self.adapter
+        dtype = adapter.dtype(old)
+        if dtype is None or dtype != adapter.dtype(new):
+            return False
+        old_shape, new_shape = self._shape(old), self._shape(new)
+        if old_shape is None or new_shape is None or len(old_shape) != len(new_shape):
+            return False
+        for old_dim, new_dim in zip(old_shape, new_shape):
+            if not proved_equal(old_dim, new_dim):
+                return False
+        return True
+
     def _consumer_keeps_its_types(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
         adapter = self.adapter
-        name = adapter.op_name(consumer)
-        if adapter.dtype(old) is None or adapter.dtype(old) != adapter.dtype(new):
-            return Refusal(name, f"dtype {_name(adapter.dtype(old))} would become {_name(adapter.dtype(new))}")
+        # The consumer's name is looked up for a refusal only (an ONNX node
+        # without one is named by its outputs, which costs a join).
+        old_dtype = adapter.dtype(old)
+        if old_dtype is None or old_dtype != adapter.dtype(new):
+            return Refusal(adapter.op_name(consumer),
+                           f"dtype {_name(old_dtype)} would become {_name(adapter.dtype(new))}")
         first_refusal = None
         record, broadcasting = self._wide(consumer)
         if record is not None:
@@ -141,14 +160,14 @@ class ShapeGuard:
             try:
                 inferred = self._output_types_with(consumer, old, new)
             except OperandRejected as error:
-                return Refusal(name, f"its type inference rejects the new operand ({error})")
+                return Refusal(adapter.op_name(consumer), f"its type inference rejects the new operand ({error})")
             if inferred is not None:
                 refusal = self._outputs_equal(consumer, inferred)
                 if refusal is None:
                     return None
                 first_refusal = first_refusal or refusal
         unknown = f"its output type with the new operand is not known ({adapter.op_type(consumer)})"
-        return first_refusal or Refusal(name, unknown)
+        return first_refusal or Refusal(adapter.op_name(consumer), unknown)
 
     def _rejects(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
         try:
@@ -162,34 +181,35 @@ class ShapeGuard:
         self, consumer: Op, operands: Sequence[Value], old: Value, new: Value
     ) -> Refusal | None:
         adapter = self.adapter
-        name = adapter.op_name(consumer)
         outputs = adapter.outputs(consumer)
         result = self._shape(outputs[0]) if outputs else None
         old_shape, new_shape = self._shape(old), self._shape(new)
         others = [self._shape(operand) for operand in operands if operand != old]
-        if result is None or old_shape is None or new_shape is None or any(s is None for s in others):
-            return Refusal(name, "a rank is unknown")
+        if result is None or old_shape is None or new_shape is None or None in others:
+            return Refusal(adapter.op_name(consumer), "a rank is unknown")
         rank = len(result)
-        new_rank = max([len(new_shape), *(len(s) for s in others)])
+        new_rank = len(new_shape)
+        for shape in others:
+            if len(shape) > new_rank:
+                new_rank = len(shape)
         if new_rank != rank:
-            return Refusal(name, f"its output rank {rank} would become {new_rank}")
+            return Refusal(adapter.op_name(consumer), f"its output rank {rank} would become {new_rank}")
         for axis in range(rank):
             out_dim = result[axis]
             old_dim, new_dim = _aligned(old_shape, axis, rank), _aligned(new_shape, axis, rank)
-            if equal(new_dim, old_dim) is Truth.YES or equal(new_dim, out_dim) is Truth.YES:
+            if proved_equal(new_dim, old_dim) or proved_equal(new_dim, out_dim):
                 continue
-            if equal(new_dim, 1) is Truth.YES and any(
-                equal(_aligned(shape, axis, rank), old_dim) is Truth.YES
-                or equal(_aligned(shape, axis, rank), out_dim) is Truth.YES
+            if proved_equal(new_dim, 1) and any(
+                proved_equal(_aligned(shape, axis, rank), old_dim) or proved_equal(_aligned(shape, axis, rank), out_dim)
                 for shape in others
             ):
                 continue
-            if equal(old_dim, 1) is Truth.YES and any(
-                equal(_aligned(shape, axis, rank), new_dim) is Truth.YES for shape in others
+            if proved_equal(old_dim, 1) and any(
+                proved_equal(_aligned(shape, axis, rank), new_dim) for shape in others
             ):
                 continue  # widened to what another operand already has there, which is 1 or the output's
-            return Refusal(name, f"its output dim {out_dim} is not proved to stay (operand dim {old_dim} "
-                                 f"would become {new_dim})", axis)
+            return Refusal(adapter.op_name(consumer), f"its output dim {out_dim} is not proved to stay (operand dim "
+                                                      f"{old_dim} would become {new_dim})", axis)
         return None
 
     def _wide(self, consumer: Op) -> tuple[Record | None, Sequence[Value] | None]:
@@ -222,32 +242,31 @@ class ShapeGuard:
         if summary is None:  # a dim that cannot be counted: the general way
             return self._broadcast_keeps_output(consumer, self._broadcast_operands(consumer), old, new)
         adapter = self.adapter
-        name = adapter.op_name(consumer)
         outputs = adapter.outputs(consumer)
         result = self._shape(outputs[0]) if outputs else None
         times = record.count(old)
         old_shape, new_shape = summary.of[old], self._shape(new)
         if result is None or old_shape is None or new_shape is None or summary.unknown:
-            return Refusal(name, "a rank is unknown")
+            return Refusal(adapter.op_name(consumer), "a rank is unknown")
         rank = len(result)
         other_rank = summary.max_rank(old_shape, times)
         new_rank = len(new_shape) if other_rank is None else max(len(new_shape), other_rank)
         if new_rank != rank:
-            return Refusal(name, f"its output rank {rank} would become {new_rank}")
+            return Refusal(adapter.op_name(consumer), f"its output rank {rank} would become {new_rank}")
         for axis in range(rank):
             out_dim, offset = result[axis], rank - axis
             old_dim, new_dim = _aligned(old_shape, axis, rank), _aligned(new_shape, axis, rank)
-            if equal(new_dim, old_dim) is Truth.YES or equal(new_dim, out_dim) is Truth.YES:
+            if proved_equal(new_dim, old_dim) or proved_equal(new_dim, out_dim):
                 continue
-            if equal(new_dim, 1) is Truth.YES and (
+            if proved_equal(new_dim, 1) and (
                 summary.aligned_count(offset, old_dim, old_shape, times)
                 or summary.aligned_count(offset, out_dim, old_shape, times)
             ):
                 continue
-            if equal(old_dim, 1) is Truth.YES and summary.aligned_count(offset, new_dim, old_shape, times):
+            if proved_equal(old_dim, 1) and summary.aligned_count(offset, new_dim, old_shape, times):
                 continue
-            return Refusal(name, f"its output dim {out_dim} is not proved to stay (operand dim {old_dim} "
-                                 f"would become {new_dim})", axis)
+            return Refusal(adapter.op_name(consumer), f"its output dim {out_dim} is not proved to stay (operand dim "
+                                                      f"{old_dim} would become {new_dim})", axis)
         return None
 
     def _outputs_equal(self, consumer: Op, inferred) -> Refusal | None:
@@ -264,9 +283,13 @@ class ShapeGuard:
 
     def _shape(self, value: Value) -> Shape:
         shape = self.adapter.shape(value)
-        if self._proving and shape is not None and any(not isinstance(d, int) for d in shape):
+        if shape is None:
+            return None
+        if self._proving and any(not isinstance(d, int) for d in shape):
             shape = self._proven(value)
-        return None if shape is None else tuple(shape)
+            if shape is None:
+                return None
+        return shape if type(shape) is tuple else tuple(shape)
 
     def _shape_as(self, value: Value, proving: bool) -> Shape:
         """`_shape` as it reads with `_proving` set to `proving`."""

@@ -105,6 +105,13 @@ def equal(left: object, right: object) -> Truth:
     return Truth.of(left == right)
 
 
+def proved_equal(left: object, right: object) -> bool:
+    """`equal(left, right) is Truth.YES`, as a bool: what the shape guard asks of
+    every dim it compares. A symbol is equal only to itself (by name), and
+    nothing, not even itself, to an unknown."""
+    return left is not UNKNOWN and right is not UNKNOWN and left == right
+
+
 def order(operator: str, left: object, right: object) -> Truth:
     """`<`, `<=`, `>`, `>=` between literals; anything symbolic is unknown."""
     if not (is_literal(left) and is_literal(right)):

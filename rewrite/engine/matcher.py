@@ -14,7 +14,7 @@ a few places when off, so deciding pays nearly nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Any
@@ -124,20 +124,24 @@ class Matcher:
         self.adapter = adapter
         self.table = table
         self.lazy_rests = lazy_rests
-        # id(pattern) -> (pattern, named operands, positional ones, the rest operand):
-        # split once, not at every op tried.
+        # id(pattern) -> (pattern, named operands, positional ones, the rest operand,
+        # `_plain_names` of the positional ones): split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
+        # id(pattern) -> (pattern, `_flat_operands` of it), for the anchor's clause.
+        self._flat: dict[int, tuple] = {}
         self._trace: _Trace | None = None  # only while `mismatch` runs
 
     def _split(self, pattern: ast.OpPattern) -> tuple:
         parts = self._parts.get(id(pattern))
         if parts is None or parts[0] is not pattern:
             operands = pattern.operands
+            positional = [o for o in operands if o.name is None and not o.rest]
             parts = (
                 pattern,
                 [o for o in operands if o.name is not None],
-                [o for o in operands if o.name is None and not o.rest],
+                positional,
                 next((o for o in operands if o.rest), None),
+                _plain_names(positional),
             )
             self._parts[id(pattern)] = parts
         return parts
@@ -198,7 +202,7 @@ class Matcher:
             yield from self._match_named(rest, op, extended)
 
     def _match_positional(self, pattern: ast.OpPattern, op: Op, env: Environment):
-        _, _, patterns, rest = self._split(pattern)
+        _, _, patterns, rest, plain = self._split(pattern)
         trace = self._trace
         table = self.table
         if table is not None and trace is None and table.active:
@@ -238,7 +242,40 @@ class Matcher:
                     remaining = tuple(values[:position] + values[position + 1:])
                     yield from self.match_value(rest.pattern, remaining, env)
             return
+        if plain is not None and trace is None:
+            yield from self._match_plain(pattern, values, plain, rest, env)
+            return
         yield from self._match_orders(pattern, values, patterns, rest, env, trace)
+
+    def _match_plain(self, pattern: ast.OpPattern, values: list, names: tuple, rest, env: Environment):
+        """`_match_orders` where each operand pattern is a plain `%v` or `_` (`names`:
+        the variables, None for `_`): the same environments in the same order, with
+        one copy of `env` per order tried, not a chain of generators per operand.
+        `broadcasting(%t, %other) in any order` is asked at every use of a value."""
+        if pattern.any_order:
+            orders = permutations(range(len(values)), len(names))
+        else:
+            orders = (range(len(names)),)
+        for order in orders:
+            extended = env
+            for var, position in zip(names, order):
+                if var is None:
+                    continue
+                value = values[position]
+                if var in extended:
+                    if not _same(extended[var], value):
+                        break
+                else:
+                    if extended is env:
+                        extended = dict(env)
+                    extended[var] = value
+            else:
+                if rest is None:
+                    yield extended
+                else:
+                    taken = set(order)
+                    remaining = tuple(v for i, v in enumerate(values) if i not in taken)
+                    yield from self.match_value(rest.pattern, remaining, extended)
 
     def _match_orders(self, pattern: ast.OpPattern, values: list, patterns, rest, env: Environment, trace=None):
         """The operand patterns against the values in order, or in every order for `in any order`."""
@@ -342,14 +379,41 @@ class Matcher:
             return f"a rest of {len(value)} operand(s)"
         return f"%{self.adapter.value_name(value)}"
 
-    def match_rule(self, rule: ast.Rule, anchor: Op) -> Iterator[Environment]:
+    def match_rule(self, rule: ast.Rule, anchor: Op) -> Iterable[Environment]:
         """Every way the rule's `match` clauses fit, with `anchor` as the first."""
-        outputs = self.adapter.outputs(anchor)
+        adapter = self.adapter
+        outputs = adapter.outputs(anchor)
         if not outputs:
-            return
-        first = rule.matches[0]
+            return ()
+        clauses = rule.matches
+        first = clauses[0]
         env = {first.var: outputs[0]}
-        yield from self._match_clauses(rule.matches, 0, anchor, env)
+        if len(clauses) == 1 and self._trace is None:
+            flat = self._flat.get(id(first.pattern))
+            if flat is None or flat[0] is not first.pattern:
+                flat = self._flat[id(first.pattern)] = (first.pattern, _flat_operands(first.pattern))
+            operands = flat[1]
+            if operands is not None:
+                # `%e = Expand(input=%x, shape=_)`: every rule is tried on
+                # every op of its type, and a pattern of named operands that
+                # are plain variables matches one way or none.
+                if adapter.op_type(anchor) not in first.pattern.types:
+                    return ()
+                for name, var, optional in operands:
+                    value = adapter.operand(anchor, name)
+                    if value is None:
+                        if not optional:
+                            return ()
+                        value = ABSENT
+                    if var is None:
+                        continue
+                    if var in env:
+                        if not _same(env[var], value):
+                            return ()
+                    else:
+                        env[var] = value
+                return (env,)
+        return self._match_clauses(clauses, 0, anchor, env)
 
     def _match_clauses(self, clauses, index: int, anchor: Op, env: Environment):
         if index == len(clauses):
@@ -371,6 +435,40 @@ def _expected(pattern: ast.OpPattern) -> str:
     members = sorted(pattern.types)
     shown = ", ".join(members[:6]) + (", ..." if len(members) > 6 else "")
     return f"{pattern.op} ({shown})"
+
+
+def _flat_operands(pattern: ast.OpPattern) -> tuple | None:
+    """(name, variable or None for `_`, optional) of each operand of a pattern whose
+    operands are all named, in a fixed order, and plain `%v` or `_`; else None."""
+    if pattern.any_order or not pattern.operands:
+        return None  # no named operand: the positional way, which counts the op's operands
+    found = []
+    for operand in pattern.operands:
+        node = operand.pattern
+        if operand.name is None or operand.rest:
+            return None
+        if type(node) is ast.Wildcard:
+            found.append((operand.name, None, operand.optional))
+        elif type(node) is ast.Bind and node.producer is None:
+            found.append((operand.name, node.var, operand.optional))
+        else:
+            return None
+    return tuple(found)
+
+
+def _plain_names(operands) -> tuple | None:
+    """The variables of operand patterns that are each a plain `%v` (None for a `_`),
+    or None if any has a producer pattern or is an op pattern."""
+    names = []
+    for operand in operands:
+        node = operand.pattern
+        if type(node) is ast.Wildcard:
+            names.append(None)
+        elif type(node) is ast.Bind and node.producer is None:
+            names.append(node.var)
+        else:
+            return None
+    return tuple(names)
 
 
 def _is_bound(pattern, env: Environment) -> bool:

@@ -345,36 +345,49 @@ def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable 
     ops, is told of each removal.
     """
     has_uses = uses_checker(adapter)
+    is_live, has_side_effects, outputs = adapter.is_live, adapter.has_side_effects, adapter.outputs
     removed = 0
     worklist = [op for op in candidates if op is not None]
     while worklist:
         op = worklist.pop()
-        if not adapter.is_live(op) or adapter.has_side_effects(op):
+        if not is_live(op) or has_side_effects(op):
             continue
-        if any(has_uses(v) for v in adapter.outputs(op)):
-            continue
-        operands = list(adapter.operands(op))
-        nested = adapter.nested_blocks(op)
-        inner = _nested_ops(adapter, nested) if nested else ()
+        # Most ops visited are a removed op's producers that are still used.
+        for value in outputs(op):
+            if has_uses(value):
+                break
+        else:
+            removed += _remove(adapter, op, table, worklist)
+    return removed
+
+
+def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list) -> int:
+    """Remove `op`, found unused, and queue its operands' producers; how many ops
+    went (its nested blocks' included), 0 if a body that writes state keeps it."""
+    operands = list(adapter.operands(op))
+    nested = adapter.nested_blocks(op)
+    inner = ()
+    if nested:
+        inner = _nested_ops(adapter, nested)
         if any(adapter.has_side_effects(inner_op) for inner_op in inner):
-            continue  # a body that writes state keeps its op, used or not
+            return 0  # a body that writes state keeps its op, used or not
         for inner_op in inner:
             # A body reads values of the enclosing scopes by name (ONNX) or
             # as operands (MIL): their producers may be dead with it.
             operands.extend(adapter.operands(inner_op))
         for block in nested:
             operands.extend(adapter.block_outputs(block))
-        if table is not None and table.records:
-            table.removing(op)
-            for inner_op in inner:
-                table.removing(inner_op)
-        adapter.remove_op(op)
-        removed += 1 + len(inner)
-        for value in operands:
-            producer = adapter.producer(value)
-            if producer is not None:
-                worklist.append(producer)
-    return removed
+    if table is not None and table.records:
+        table.removing(op)
+        for inner_op in inner:
+            table.removing(inner_op)
+    adapter.remove_op(op)
+    producer_of = adapter.producer
+    for value in operands:
+        producer = producer_of(value)
+        if producer is not None:
+            worklist.append(producer)
+    return 1 + len(inner)
 
 
 def _nested_ops(adapter: Adapter, blocks: Sequence) -> list[Op]:

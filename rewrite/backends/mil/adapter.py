@@ -22,6 +22,7 @@ from rewrite.backends.mil.bounds import BoundsProver
 from rewrite.backends.mil.pymil import (
     Block,
     Function,
+    InternalVar,
     Operation,
     Program,
     SSAOpRegistry,
@@ -29,8 +30,10 @@ from rewrite.backends.mil.pymil import (
     Var,
     block_module,
     count_ops,
+    elementwise_binary,
     is_symbolic,
     mb,
+    mil_broadcast_shapes,
     types,
 )
 from rewrite.engine import shape_values
@@ -116,6 +119,106 @@ def _shape_of_type(sym_type):
     if types.is_scalar(sym_type):
         return ()
     return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _dtype_of_type(sym_type) -> str | None:
+    # Var.dtype asks types.is_tensor, and the guard reads the dtypes of every
+    # value a rewrite touches: like shapes, converted once per type.
+    try:
+        if types.is_tensor(sym_type):
+            return types.builtin_to_string(sym_type.get_primitive())
+        if types.is_state(sym_type):
+            return types.builtin_to_string(sym_type.wrapped_type().get_primitive())
+        return types.builtin_to_string(sym_type)
+    except Exception:  # list and state types have no element dtype
+        return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _tensor_facts(sym_type) -> tuple[bool, Any]:
+    """(whether `sym_type` is a tensor type, its primitive type)."""
+    if types.is_tensor(sym_type):
+        return True, sym_type.get_primitive()
+    return False, sym_type
+
+
+@functools.lru_cache(maxsize=1024)
+def _promoted(primitive_a, primitive_b):
+    return types.promote_types(primitive_a, primitive_b)
+
+
+_ELEMENTWISE_BINARY_INFERENCE = elementwise_binary.type_inference
+_ELEMENTWISE_BINARY_VALUE = elementwise_binary.value_inference
+
+
+def _input(op: Operation, name: str) -> Var | tuple | None:
+    """`op.inputs.get(name)`, without the dict `Operation.inputs` builds at every read:
+    the engine reads an operand or two of every op it matches."""
+    value = op._input_vars.get(name)
+    return None if value is None or isinstance(value, InternalVar) else value
+
+
+def _is_elementwise_binary(op: Operation) -> bool:
+    """An op whose type and value inference are coremltools' elementwise binary ones (add, mul, ...)."""
+    kind = type(op)
+    return kind.type_inference is _ELEMENTWISE_BINARY_INFERENCE and kind.value_inference is _ELEMENTWISE_BINARY_VALUE
+
+
+def _inferred_types(op: Operation) -> tuple:
+    """`op.type_inference()`, as a tuple.
+
+    A rewrite re-infers every consumer whose operand changed stated type (see
+    `MilAdapter._refresh_consumers`), and most consumers of a value a rule
+    replaces are elementwise binary ops, whose inference spends nearly all its
+    time asking coremltools' `types.is_tensor`, which builds a type-info
+    record at each call. For those this is their `type_inference` line for
+    line, with the type questions answered once per type (it mints a fresh
+    symbol exactly where theirs does); every other op runs its own.
+    """
+    if type(op).type_inference is not _ELEMENTWISE_BINARY_INFERENCE:
+        inferred = op.type_inference()
+        return inferred if isinstance(inferred, tuple) else (inferred,)
+    typea, typeb = op.x.sym_type, op.y.sym_type
+    tensor_a, primitive_a = _tensor_facts(typea)
+    tensor_b, primitive_b = _tensor_facts(typeb)
+    primitive = _promoted(primitive_a, primitive_b)
+    if primitive is None:
+        raise ValueError("Incompatible primitive types in broadcast operation")
+    primitive = op.get_dtype(primitive)
+    if not tensor_a and not tensor_b:
+        return (primitive,)
+    if not tensor_b:
+        return (types.tensor(primitive, typea.get_shape()),)
+    if not tensor_a:
+        return (types.tensor(primitive, typeb.get_shape()),)
+    shape = mil_broadcast_shapes(list(typea.get_shape()), list(typeb.get_shape()))
+    return (types.tensor(primitive, shape),)
+
+
+def _retype(op: Operation) -> None:
+    """`op.type_value_inference(overwrite_output=True)`: its outputs take the types
+    and values inferred from its operands as they are now (coremltools' own steps
+    for existing outputs), in `op`'s block with coremltools' warnings silenced.
+
+    An elementwise binary op has a value only when both operands have one
+    (its value inference requires it): without one, no inference is asked for,
+    nor a context entered, since `_inferred_types` warns of nothing."""
+    if _is_elementwise_binary(op) and (op.x._sym_val is None or op.y._sym_val is None):
+        output_types = _inferred_types(op)
+        output_vals = (None,) * len(output_types)
+    else:
+        with _in_block(op.enclosing_block), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            output_types = _inferred_types(op)
+            output_vals = op._auto_val(output_types)
+    outputs = op._output_vars
+    for position, (sym_type, sym_val) in enumerate(zip(output_types, output_vals)):
+        var = outputs[position]
+        var._sym_type = sym_type
+        var._sym_val = sym_val
+        for output in op.outputs:
+            output._set_nonreplaceable_vars_upstream()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -227,14 +330,16 @@ class MilAdapter:
         return op.op_type in _SIDE_EFFECT_OPS or not op.outputs
 
     def operand(self, op: Operation, name: str):
-        return op.inputs.get(name)
+        return _input(op, name)
 
     def operand_names(self, op: Operation) -> Sequence[str]:
         return list(op.inputs)
 
     def operands(self, op: Operation) -> Sequence[Var]:
         flat = []
-        for value in op.inputs.values():
+        for value in op._input_vars.values():  # what `op.inputs` holds, in its order
+            if value is None or isinstance(value, InternalVar):
+                continue
             if isinstance(value, (list, tuple)):
                 flat.extend(value)
             else:
@@ -246,7 +351,7 @@ class MilAdapter:
 
     def attribute(self, op: Operation, name: str):
         # MIL has no attributes apart from operands: a constant operand is one.
-        value = op.inputs.get(name)
+        value = _input(op, name)
         if value is None or isinstance(value, (list, tuple)) or value.val is None:
             return None
         constant = np.asarray(value.val)
@@ -303,7 +408,7 @@ class MilAdapter:
         if op is not None and op.op_type == "select" and inferred is not None:
             # coremltools types a select by a and b alone, but at run time
             # cond broadcasts too: where it widens the type, it is the shape.
-            cond = _shape_of_type(op.inputs["cond"].sym_type)
+            cond = _shape_of_type(_input(op, "cond").sym_type)
             if cond is None:
                 return None
             try:
@@ -856,18 +961,15 @@ class MilAdapter:
         return shape_values.sliced(source, begin, end, stride)
 
     def dtype(self, value: Var) -> str | None:
-        try:
-            return types.builtin_to_string(value.dtype)
-        except Exception:  # list and state types have no element dtype
-            return None
+        return _dtype_of_type(value.sym_type)
 
     def broadcast_operands(self, op: Operation) -> list[Var] | None:
         """The operands an elementwise op (or select) broadcasts together into its output."""
         kind = op.op_type
         if kind in mil_shapes.BINARY_BROADCASTING:
-            return [op.inputs["x"], op.inputs["y"]]
+            return [_input(op, "x"), _input(op, "y")]
         if kind == "select":
-            return [op.inputs["cond"], op.inputs["a"], op.inputs["b"]]
+            return [_input(op, "cond"), _input(op, "a"), _input(op, "b")]
         return None
 
     def output_types_with(self, op: Operation, old: Var, new: Var):
@@ -891,14 +993,13 @@ class MilAdapter:
                 setattr(op, name, value)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                inferred = op.type_inference()
+                inferred = _inferred_types(op)
         except Exception as error:  # the op rejects the new operand
             raise OperandRejected(str(error).strip().splitlines()[0] if str(error).strip() else "") from None
         finally:
             op._input_vars = inputs
             for name in changed:
                 setattr(op, name, inputs[name])
-        inferred = inferred if isinstance(inferred, tuple) else (inferred,)
         result = []
         for sym_type in inferred:
             try:
@@ -1099,9 +1200,7 @@ class MilAdapter:
             if op.enclosing_block is None:
                 continue
             try:
-                with _in_block(op.enclosing_block), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    op.type_value_inference(overwrite_output=True)
+                _retype(op)
             except Exception:  # the stale type stays, as coremltools' own passes leave theirs
                 pass
 

@@ -372,7 +372,7 @@ class OnnxAdapter:
         return _present(op.inputs)
 
     def outputs(self, op: Node) -> Sequence[Value]:
-        return [v for v in op.outputs if v is not None]
+        return _present(op.outputs)
 
     def attribute(self, op: Node, name: str):
         for attribute in op.proto.attribute:
