@@ -30,10 +30,8 @@ from rewrite.backends.mil.pymil import (
     Var,
     block_module,
     count_ops,
-    elementwise_binary,
     is_symbolic,
     mb,
-    mil_broadcast_shapes,
     types,
 )
 from rewrite.engine import shape_values
@@ -135,23 +133,6 @@ def _dtype_of_type(sym_type) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=65536)
-def _tensor_facts(sym_type) -> tuple[bool, Any]:
-    """(whether `sym_type` is a tensor type, its primitive type)."""
-    if types.is_tensor(sym_type):
-        return True, sym_type.get_primitive()
-    return False, sym_type
-
-
-@functools.lru_cache(maxsize=1024)
-def _promoted(primitive_a, primitive_b):
-    return types.promote_types(primitive_a, primitive_b)
-
-
-_ELEMENTWISE_BINARY_INFERENCE = elementwise_binary.type_inference
-_ELEMENTWISE_BINARY_VALUE = elementwise_binary.value_inference
-
-
 def _input(op: Operation, name: str) -> Var | tuple | None:
     """`op.inputs.get(name)`, without the dict `Operation.inputs` builds at every read:
     the engine reads an operand or two of every op it matches."""
@@ -159,66 +140,15 @@ def _input(op: Operation, name: str) -> Var | tuple | None:
     return None if value is None or isinstance(value, InternalVar) else value
 
 
-def _is_elementwise_binary(op: Operation) -> bool:
-    """An op whose type and value inference are coremltools' elementwise binary ones (add, mul, ...)."""
-    kind = type(op)
-    return kind.type_inference is _ELEMENTWISE_BINARY_INFERENCE and kind.value_inference is _ELEMENTWISE_BINARY_VALUE
-
-
-def _inferred_types(op: Operation) -> tuple:
-    """`op.type_inference()`, as a tuple.
-
-    A rewrite re-infers every consumer whose operand changed stated type (see
-    `MilAdapter._refresh_consumers`), and most consumers of a value a rule
-    replaces are elementwise binary ops, whose inference spends nearly all its
-    time asking coremltools' `types.is_tensor`, which builds a type-info
-    record at each call. For those this is their `type_inference` line for
-    line, with the type questions answered once per type (it mints a fresh
-    symbol exactly where theirs does); every other op runs its own.
-    """
-    if type(op).type_inference is not _ELEMENTWISE_BINARY_INFERENCE:
-        inferred = op.type_inference()
-        return inferred if isinstance(inferred, tuple) else (inferred,)
-    typea, typeb = op.x.sym_type, op.y.sym_type
-    tensor_a, primitive_a = _tensor_facts(typea)
-    tensor_b, primitive_b = _tensor_facts(typeb)
-    primitive = _promoted(primitive_a, primitive_b)
-    if primitive is None:
-        raise ValueError("Incompatible primitive types in broadcast operation")
-    primitive = op.get_dtype(primitive)
-    if not tensor_a and not tensor_b:
-        return (primitive,)
-    if not tensor_b:
-        return (types.tensor(primitive, typea.get_shape()),)
-    if not tensor_a:
-        return (types.tensor(primitive, typeb.get_shape()),)
-    shape = mil_broadcast_shapes(list(typea.get_shape()), list(typeb.get_shape()))
-    return (types.tensor(primitive, shape),)
-
-
-def _retype(op: Operation) -> None:
-    """`op.type_value_inference(overwrite_output=True)`: its outputs take the types
-    and values inferred from its operands as they are now (coremltools' own steps
-    for existing outputs), in `op`'s block with coremltools' warnings silenced.
-
-    An elementwise binary op has a value only when both operands have one
-    (its value inference requires it): without one, no inference is asked for,
-    nor a context entered, since `_inferred_types` warns of nothing."""
-    if _is_elementwise_binary(op) and (op.x._sym_val is None or op.y._sym_val is None):
-        output_types = _inferred_types(op)
-        output_vals = (None,) * len(output_types)
-    else:
-        with _in_block(op.enclosing_block), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            output_types = _inferred_types(op)
-            output_vals = op._auto_val(output_types)
-    outputs = op._output_vars
-    for position, (sym_type, sym_val) in enumerate(zip(output_types, output_vals)):
-        var = outputs[position]
-        var._sym_type = sym_type
-        var._sym_val = sym_val
-        for output in op.outputs:
-            output._set_nonreplaceable_vars_upstream()
+def _symbols_renamed(old: Var, new: Var) -> bool:
+    """The two types differ only in the names of symbolic dims (same dtype, rank and literals):
+    what coremltools' fresh symbols make of one size, `is125` where the query has `is0`."""
+    if old.sym_type == new.sym_type or _dtype_of_type(old.sym_type) != _dtype_of_type(new.sym_type):
+        return False
+    a, b = _shape_of_type(old.sym_type), _shape_of_type(new.sym_type)
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x == y or (not isinstance(x, int) and not isinstance(y, int)) for x, y in zip(a, b))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -993,13 +923,14 @@ class MilAdapter:
                 setattr(op, name, value)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                inferred = _inferred_types(op)
+                inferred = op.type_inference()
         except Exception as error:  # the op rejects the new operand
             raise OperandRejected(str(error).strip().splitlines()[0] if str(error).strip() else "") from None
         finally:
             op._input_vars = inputs
             for name in changed:
                 setattr(op, name, inputs[name])
+        inferred = inferred if isinstance(inferred, tuple) else (inferred,)
         result = []
         for sym_type in inferred:
             try:
@@ -1177,6 +1108,7 @@ class MilAdapter:
         consumers = self.consumers(old)
         anchor = old.op
         stated_apart = old.sym_type != new.sym_type
+        renamed = stated_apart and _symbols_renamed(old, new)
         block.replace_uses_of_var_after_op(
             anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
         )
@@ -1186,21 +1118,28 @@ class MilAdapter:
         if self.check_types:
             self._check_consumers(consumers)
         elif stated_apart:
-            self._refresh_consumers(consumers)
+            self._refresh_consumers(consumers, renamed)
 
-    def _refresh_consumers(self, consumers: Sequence[Operation]) -> None:
+    def _refresh_consumers(self, consumers: Sequence[Operation], renamed: bool) -> None:
         # The guard proved the consumers' outputs unchanged, but coremltools
         # still states the types it inferred from the old operand: a fresh
-        # symbol (`is125`) where the new one has the query's `is0`. Ops built
-        # later from those types (an SDPA whose mask's length is is0 and key's
-        # is125) would be refused, so the consumers take their types anew, as
-        # checked mode has them do. One level: their own consumers' stated
-        # types were consistent and stay so up to symbol names.
+        # symbol (`is125`) where the new one has the query's `is0`, or a
+        # select typed by a scalar branch now widened. Ops built later from
+        # those types (an SDPA whose mask's length is is0 and key's is125)
+        # would be refused, so the consumers take their types anew, as checked
+        # mode has them do. An elementwise op that broadcast the old operand
+        # to its output (a bypassed tile: 8 becomes 1 against the other
+        # operand's 8) states its output rightly already, and re-typing it
+        # would only mint a fresh symbol per fire: it is left, unless the
+        # change is a renaming of symbols. One level: the consumers' own
+        # consumers' stated types were consistent and stay so up to names.
         for op in consumers:
-            if op.enclosing_block is None:
+            if op.enclosing_block is None or (not renamed and op.op_type in mil_shapes.BINARY_BROADCASTING):
                 continue
             try:
-                _retype(op)
+                with _in_block(op.enclosing_block), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    op.type_value_inference(overwrite_output=True)
             except Exception:  # the stale type stays, as coremltools' own passes leave theirs
                 pass
 
@@ -1240,7 +1179,7 @@ class MilAdapter:
         if self.check_types:
             self._check_consumers([op])
         elif old.sym_type != new.sym_type:
-            self._refresh_consumers([op])
+            self._refresh_consumers([op], _symbols_renamed(old, new))
 
     def remove_op(self, op: Operation) -> None:
         op.enclosing_block.remove_ops([op])
@@ -1350,6 +1289,3 @@ def _inherit_scopes(ops: Sequence[Operation], source: Operation, rule: str | Non
         # they are final already.
         if VALID_OPS_TO_COPY_SCOPE_INFO:
             VALID_OPS_TO_COPY_SCOPE_INFO[-1].discard(op)
-
-
-# Ops whose output shape follows from their operands' shapes or values.

@@ -27,14 +27,12 @@ from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import Block, Function, InternalVar, Operation, Program, Var, types  # noqa: E402
 from coremltools.converters.mil.mil import block as block_module  # noqa: E402
 from coremltools.converters.mil.mil.input_type import TupleInputType  # noqa: E402
-from coremltools.converters.mil.mil.ops.defs._utils import broadcast_shapes as mil_broadcast_shapes  # noqa: E402
-from coremltools.converters.mil.mil.ops.defs.iOS15.elementwise_binary import elementwise_binary  # noqa: E402
 from coremltools.converters.mil.mil.ops.registry import SSAOpRegistry  # noqa: E402
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic  # noqa: E402
 
 __all__ = [
     "Block", "Function", "InternalVar", "MilError", "Operation", "Program", "SSAOpRegistry", "TupleInputType", "Var",
-    "block_module", "count_ops", "ct", "elementwise_binary", "is_symbolic", "mb", "mil_broadcast_shapes", "types",
+    "block_module", "count_ops", "ct", "is_symbolic", "mb", "types",
 ]
 
 
