@@ -29,6 +29,16 @@ plain `onnx.load` process; with --processes, onnxscript as a process too.
 Outputs are checked with onnxruntime against the original (up to
 --check-limit nodes) and their Expands counted.
 
+onnxscript's rules read the shapes that onnx's shape inference wrote into
+the model, and rewrite an Expand only where its shape is a constant and
+the shapes are static. On these models (a symbolic batch, the shape read
+by Shape) they remove no Expand, so by default the comparison is our
+rewrites against their scan. With --static the models have a fixed batch
+(4) and constant Expand shapes, and onnxscript is given
+`onnx.shape_inference.infer_shapes` first (counted in its time), so both
+remove the same Expands: the like-for-like comparison. "th. left" counts
+the Expands onnxscript left.
+
 Targets (issue 13): time per node flat within 25% from the smallest size to
 the largest; at least 10x onnxscript in-process at 10k and 100k nodes (and as
 processes at 100k); peak RSS at most 3x a plain onnx.load.
@@ -66,8 +76,12 @@ THEIRS_PROCESS = (
     "import sys, onnx\n"
     "from onnxscript.rewriter import rewrite\n"
     "from onnxscript.rewriter.rules.common import expand_before_binary_op_rules\n"
-    "onnx.save(rewrite(onnx.load(sys.argv[1]), pattern_rewrite_rules=expand_before_binary_op_rules), sys.argv[2])\n"
+    "model = onnx.load(sys.argv[1])\n"
+    "if sys.argv[3] == 'infer':\n"
+    "    model = onnx.shape_inference.infer_shapes(model)\n"
+    "onnx.save(rewrite(model, pattern_rewrite_rules=expand_before_binary_op_rules), sys.argv[2])\n"
 )
+STATIC_BATCH = 4
 
 make = helper.make_node
 
@@ -211,6 +225,19 @@ WIDE_KINDS = {"concat": wide("concat"), "sum": wide("sum"), "concat-kept": wide(
 # --------------------------------------------------------------------------- measuring
 
 
+def static(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with a fixed batch and every Shape (each reads a [batch, 16] value) a constant."""
+    graph = model.graph
+    graph.input[0].type.tensor_type.shape.dim[0].dim_value = STATIC_BATCH
+    shapes = [node for node in graph.node if node.op_type == "Shape"]
+    kept = [node for node in graph.node if node.op_type != "Shape"]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for node in shapes:
+        graph.initializer.append(numpy_helper.from_array(np.array([STATIC_BATCH, HIDDEN], np.int64), node.output[0]))
+    return model
+
+
 def count(model: onnx.ModelProto) -> Counter:
     found: Counter = Counter()
     pending = [model.graph]
@@ -225,7 +252,7 @@ def count(model: onnx.ModelProto) -> Counter:
     return found
 
 
-def outputs(path: Path):
+def outputs(path: Path, batches=BATCHES):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -233,12 +260,12 @@ def outputs(path: Path):
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    return [session.run(None, {"x0": rng.normal(size=(b, HIDDEN)).astype(np.float32)})[0] for b in BATCHES]
+    return [session.run(None, {"x0": rng.normal(size=(b, HIDDEN)).astype(np.float32)})[0] for b in batches]
 
 
-def same_outputs(path: Path, reference) -> str:
+def same_outputs(path: Path, reference, batches=BATCHES) -> str:
     try:
-        got = outputs(path)
+        got = outputs(path, batches)
     except Exception as error:  # noqa: BLE001 - any failure is a wrong result
         return f"WRONG ({str(error).splitlines()[0][:80]})"
     for want, have in zip(reference, got):
@@ -265,13 +292,16 @@ def run_ours(rules, source: Path, target: Path) -> dict:
             "cpu": cpu}
 
 
-def run_theirs(source: Path, target: Path) -> float:
+def run_theirs(source: Path, target: Path, infer: bool = False) -> float:
     from onnxscript.rewriter import rewrite
     from onnxscript.rewriter.rules.common import expand_before_binary_op_rules
 
     gc.collect()
     start = time.perf_counter()
-    model = rewrite(onnx.load(str(source)), pattern_rewrite_rules=expand_before_binary_op_rules)
+    model = onnx.load(str(source))
+    if infer:  # their rules read the shapes it writes
+        model = onnx.shape_inference.infer_shapes(model)
+    model = rewrite(model, pattern_rewrite_rules=expand_before_binary_op_rules)
     onnx.save(model, str(target))
     return time.perf_counter() - start
 
@@ -290,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest wide-sum model (skip the bigger ones)")
     parser.add_argument("--check-limit", type=int, default=150_000, help="onnxruntime checks up to this size")
     parser.add_argument("--keep", metavar="DIR")
+    parser.add_argument("--static", action="store_true",
+                        help="fixed batch and constant Expand shapes, onnxscript given onnx shape inference: "
+                             "both remove the same Expands")
     parser.add_argument("--library", action="store_true",
                         help="ours runs every shipped ONNX rule (default: remove_broadcast_expand.rules, the "
                              "rules doing what onnxscript's expand rules do)")
@@ -318,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
           + ("every shipped ONNX rule" if rules_path is None else rules_path.name))
     header = (f"{'shape':<16} {'nodes':>8} | {'ours s':>8} {'us/node':>8} {'cpu/node':>8} {'load/apply/save':>17} | "
               f"{'theirs s':>8} {'theirs/ours':>11} | {'proc s':>7} {'th. proc':>8} {'RSS/load':>8} | "
-              f"{'Expand left':>11} {'output':>6}")
+              f"{'Expand left':>11} {'th. left':>8} {'output':>6}")
     print(header)
     print("-" * len(header))
     summary = []
@@ -326,38 +359,43 @@ def main(argv: list[str] | None = None) -> int:
         per_node, cpu_per_node = [], []
         # A first run pays for what is built once per process (schemas, compiled conditions).
         warm = folder / f"{name}_warm.onnx"
-        onnx.save(build(min(sizes) // 4 or 1, min(args.width, 50)), str(warm))
+        warm_model = build(min(sizes) // 4 or 1, min(args.width, 50))
+        onnx.save(static(warm_model) if args.static else warm_model, str(warm))
         run_ours(rules, warm, folder / f"{name}_warm.ours.onnx")
-        run_theirs(warm, folder / f"{name}_warm.theirs.onnx")
+        run_theirs(warm, folder / f"{name}_warm.theirs.onnx", args.static)
         for path in folder.glob(f"{name}_warm*"):
             path.unlink()
         for size in sizes:
             if name == "wide-sum" and size > args.sum_limit:
                 continue
             model = build(size, args.width)
+            if args.static:
+                model = static(model)
             nodes = sum(count(model).values())
             source = folder / f"{name}_{size}.onnx"
             onnx.save(model, str(source))
             expands = count(model)["Expand"]
             del model
-            reference = outputs(source) if nodes <= args.check_limit else None
+            batches = (STATIC_BATCH,) if args.static else BATCHES
+            reference = outputs(source, batches) if nodes <= args.check_limit else None
             ours_path, theirs_path = folder / f"{name}_{size}.ours.onnx", folder / f"{name}_{size}.theirs.onnx"
             ours = min((run_ours(rules, source, ours_path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
             per_node.append(ours["seconds"] / nodes)
             cpu_per_node.append(ours["cpu"] / nodes)
             theirs = None
             if nodes <= args.theirs_limit:
-                theirs = min(run_theirs(source, theirs_path) for _ in range(args.repeat))
+                theirs = min(run_theirs(source, theirs_path, args.static) for _ in range(args.repeat))
             rules_arguments = [] if rules_path is None else ["--rules", str(rules_path)]
             process = best_of([*cli, "apply", str(source), *rules_arguments, "-o", str(ours_path)], args.repeat,
                               timeout=3600)
             plain = best_of([sys.executable, "-c", PLAIN_LOAD, str(source)], args.repeat, timeout=3600)
             theirs_process = None
             if args.processes and nodes <= args.theirs_limit:
-                theirs_process = best_of([sys.executable, "-c", THEIRS_PROCESS, str(source), str(theirs_path)],
-                                         args.repeat, timeout=3600)
+                theirs_process = best_of([sys.executable, "-c", THEIRS_PROCESS, str(source), str(theirs_path),
+                                          "infer" if args.static else "plain"], args.repeat, timeout=3600)
             left = count(onnx.load(str(ours_path)))["Expand"]
-            verdict = same_outputs(ours_path, reference) if reference is not None else "n/c"
+            verdict = same_outputs(ours_path, reference, batches) if reference is not None else "n/c"
+            theirs_left = count(onnx.load(str(theirs_path)))["Expand"] if theirs is not None else "n/a"
             split = f"{ours['load']:.2f}/{ours['apply']:.2f}/{ours['save']:.2f}"
             ratio = f"{theirs / ours['seconds']:.1f}x" if theirs else "n/a"
             theirs_text = f"{theirs:.3f}" if theirs else "n/a"
@@ -366,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<16} {nodes:>8} | {ours['seconds']:>8.3f} {ours['seconds'] * 1e6 / nodes:>8.2f} "
                   f"{ours['cpu'] * 1e6 / nodes:>8.2f} {split:>17} | {theirs_text:>8} {ratio:>11} | "
                   f"{process.seconds:>7.2f} {proc_theirs:>8} "
-                  f"{rss:>8.2f} | {left:>5}/{expands:<5} {verdict:>6}", flush=True)
+                  f"{rss:>8.2f} | {left:>5}/{expands:<5} {theirs_left:>8} {verdict:>6}", flush=True)
             summary.append((name, nodes, ours["seconds"], theirs, process, theirs_process, rss))
             for path in (source, ours_path, theirs_path):
                 if not args.keep and path.exists():
