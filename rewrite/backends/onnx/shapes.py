@@ -616,9 +616,16 @@ def _clamped_to(dim, others):
 
 def _broadcast_shapes(*shapes):
     """`dims.broadcast_shapes`, with a min(k, x) broadcast against x taken to be x (see `_clamped_to`)."""
-    if any(shape is None for shape in shapes) or not any(
-        type(d) is Symbol and d.name.startswith("min(") for shape in shapes for d in shape
-    ):
+    # Plain loops: this runs for every elementwise node at load, and a
+    # generator over every dim cost more than the broadcast itself.
+    clamped = False
+    for shape in shapes:
+        if shape is None:
+            return None
+        for d in shape:
+            if type(d) is Symbol and d.name.startswith("min("):
+                clamped = True
+    if not clamped:
         return dims.broadcast_shapes(*shapes)
     rank = max(len(shape) for shape in shapes)
     columns = [[shape[axis - rank + len(shape)] for shape in shapes if axis - rank + len(shape) >= 0]
