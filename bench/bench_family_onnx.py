@@ -37,7 +37,8 @@ rewrites against their scan. With --static the models have a fixed batch
 (4) and constant Expand shapes, and onnxscript is given
 `onnx.shape_inference.infer_shapes` first (counted in its time), so both
 remove the same Expands: the like-for-like comparison. "th. left" counts
-the Expands onnxscript left.
+the Expands onnxscript left. Its rules take binary ops only, so even with
+--static they leave every Expand a Sum reads (wide-sum).
 
 Targets (issue 13): time per node flat within 25% from the smallest size to
 the largest; at least 10x onnxscript in-process at 10k and 100k nodes (and as
@@ -46,7 +47,7 @@ processes at 100k); peak RSS at most 3x a plain onnx.load.
 Usage:
     python bench/bench_family_onnx.py [--shapes chain,fan-out,wide,nested,mixed] [--sizes 1000,10000,100000]
         [--big] [--width 1000] [--wide-kinds concat,sum,concat-kept] [--repeat 1] [--processes]
-        [--theirs-limit 150000] [--sum-limit 1000000] [--check-limit 150000] [--keep DIR] [--library]
+        [--theirs-limit 150000] [--sum-limit 1000000] [--check-limit 150000] [--keep DIR] [--library] [--static]
 --big adds 1,000,000 nodes.
 """
 
