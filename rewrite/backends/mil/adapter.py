@@ -34,6 +34,7 @@ from rewrite.backends.mil.pymil import (
     mb,
     types,
 )
+from rewrite.backends.mil.uses import MANY_USES, UseLists, truncate_uses
 from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
@@ -188,6 +189,9 @@ class MilAdapter:
         # no refresh after a rewrite.
         self._has_constexpr = False
         self._changed = False
+        # Child lists of the values with many consumers, made cheap to remove
+        # from while the run edits (coremltools' own scan for each removal).
+        self._use_lists = UseLists()
         self._input_blocks: dict[int, Block] = {}
         self._input_symbols: set[Symbol] = set()
         # id(var) -> (var, result); the var is kept so its id is not reused.
@@ -1047,7 +1051,8 @@ class MilAdapter:
         previous = _op_before(block, before)
         # What a builder that fails its own type checks leaves behind: the ops
         # it read as a consumer of their outputs, and consts it inserted.
-        readers = {id(v): (v, list(v._child_ops)) for v in _vars_in(arguments.values())}
+        # (Their lengths, not copies: a value may feed every layer.)
+        readers = {id(v): (v, len(v._child_ops)) for v in _vars_in(arguments.values())}
         try:
             with _in_block(block):
                 result = builder(**arguments, before_op=before, name=self._unique_name(name))
@@ -1059,8 +1064,8 @@ class MilAdapter:
                 if op.outputs is None:
                     op._output_vars = []
             block.remove_ops(stranded)
-            for var, children in readers.values():
-                var._child_ops = children
+            for var, length in readers.values():
+                truncate_uses(var, length)
             raise
         # The new op and the consts the builder made for its constant operands
         # stand for `before`, the op the rule matched: they carry its scopes.
@@ -1106,6 +1111,7 @@ class MilAdapter:
                     new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
                 _inherit_scopes(_ops_between(block, previous, old.op), old.op, None)
         consumers = self.consumers(old)
+        self._use_lists.prepare(old)
         anchor = old.op
         stated_apart = old.sym_type != new.sym_type
         renamed = stated_apart and _symbols_renamed(old, new)
@@ -1172,6 +1178,7 @@ class MilAdapter:
                 changed[name] = new
         if not changed:
             return
+        self._use_lists.prepare(old)
         with _in_block(op.enclosing_block):
             # The new operand differs in type on purpose (it is wider); the op's
             # own output must not change, which checked mode verifies.
@@ -1182,12 +1189,26 @@ class MilAdapter:
             self._refresh_consumers([op], _symbols_renamed(old, new))
 
     def remove_op(self, op: Operation) -> None:
+        # Ops of its nested blocks go too, and may read an outer value of many uses.
+        many = MANY_USES
+        pending = [op]
+        while pending:
+            removed = pending.pop()
+            for value in self.operands(removed):
+                children = value._child_ops
+                # (A list drops its first entry at no cost: the common case
+                # of consumers removed in the order they were made.)
+                if len(children) >= many and type(children) is list and children[0] is not removed:
+                    self._use_lists.prepare(value)
+            for block in removed.blocks:
+                pending.extend(block.operations)
         op.enclosing_block.remove_ops([op])
 
     def count_ops(self) -> int:
         return count_ops(self.program)
 
     def finish(self) -> None:
+        self._use_lists.restore()
         if self._changed and self._has_constexpr:
             for function in self.program.functions.values():
                 function._propagate_nonreplaceable_vars()
