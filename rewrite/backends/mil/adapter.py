@@ -1098,10 +1098,11 @@ class MilAdapter:
     def replace_all_uses(self, old: Var, new: Var) -> None:
         self._changed = True
         block = self.defining_block(old)
-        function_outputs = {
-            id(v) for f in self.program.functions.values() for v in f.outputs
-        }
-        if id(old) in function_outputs:
+        # A function output is one of its function's consuming blocks: asked of
+        # the value, not by listing every output of a model that has thousands.
+        is_function_output = any(isinstance(b, Function) for b in old.consuming_blocks)
+        if is_function_output:
+            function_outputs = {id(v) for f in self.program.functions.values() for v in f.outputs}
             function_inputs = {id(v) for f in self.program.functions.values() for v in f.inputs.values()}
             if id(new) in function_inputs or id(new) in function_outputs:
                 # A function output must keep its own name, and an input's or
@@ -1118,7 +1119,7 @@ class MilAdapter:
         block.replace_uses_of_var_after_op(
             anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
         )
-        if id(old) in function_outputs:
+        if is_function_output:
             # coremltools gave `new` the output's name; the old var must not keep it too.
             old.name = old.name + "_replaced"
         if self.check_types:
