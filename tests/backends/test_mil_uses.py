@@ -11,9 +11,10 @@ import random
 
 import numpy as np
 import pytest
+from coremltools.converters.mil.mil import get_new_symbol
 
 import rewrite
-from rewrite.backends.mil import MilAdapter
+from rewrite.backends.mil import MilAdapter, ct, mb
 from rewrite.backends.mil.pymil import Var
 from rewrite.backends.mil.uses import MANY_USES, UseList, truncate_uses
 from tests.engine.test_scale_mil import _counts, _outputs, fan_out, mixed, nested
@@ -151,3 +152,30 @@ def test_a_failed_build_leaves_a_long_use_list_as_it_was():
     assert list(mean.child_ops) == before
     adapter.finish()
     assert type(mean._child_ops) is list and mean.child_ops == before
+
+
+def test_removing_a_cond_drops_its_bodies_uses_without_a_scan(monkeypatch):
+    # The ops of a removed cond's branches read the outer mean, whose list
+    # starts with kept tiles: each of their entries goes without a scan too.
+    def body(x):
+        m = mb.reduce_mean(x=x, axes=[1], keep_dims=True)
+        kept = [mb.tile(x=m, reps=[1, 8]) for _ in range(MANY_USES + 4)]
+        flag = mb.greater(x=mb.reduce_sum(x=x, axes=[0, 1]), y=np.float32(0.0))
+        mb.cond(pred=flag, _true_fn=lambda: mb.mul(x=x, y=m), _false_fn=lambda: mb.add(x=x, y=m))
+        return mb.concat(values=[x, *kept], axis=1)
+
+    program = mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), 8))],
+                         opset_version=ct.target.iOS18)(body)
+    block = program.functions["main"]
+    cond = next(op for op in block.operations if op.op_type == "cond")
+    mean = next(op for op in block.operations if op.op_type == "reduce_mean").outputs[0]
+    uses_before = len(mean.child_ops)
+    adapter = MilAdapter(program)
+    scans = _long_scans(monkeypatch)
+    adapter.remove_op(cond)
+    assert scans == []
+    assert len(mean.child_ops) == uses_before - 2  # the branches' mul and add
+    assert all(op.op_type == "tile" for op in mean.child_ops)
+    adapter.finish()
+    assert type(mean._child_ops) is list
+    program.validate()
