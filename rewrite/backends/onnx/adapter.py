@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 import numpy as np
@@ -142,8 +143,10 @@ class Node:
         self.proto = proto
         # The engine asks for the type at every op of every sweep, and each
         # protobuf field read costs more than a slot read.
+        # Interned: protobuf hands out a new string per read, and a million
+        # nodes of a few types would hold a million copies of their names.
         domain, op_type = proto.domain, proto.op_type
-        self.type = op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}"
+        self.type = intern(op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}")
         self.graph = graph
         # Tuples, built once: at 100k nodes every list header counts.
         self.inputs: tuple[Value | None, ...] = ()
