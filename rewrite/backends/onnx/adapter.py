@@ -208,6 +208,8 @@ class OnnxAdapter:
         self._names: set[str] | None = None
         self._input_indexes: dict[str, dict[str, int | slice]] = {}  # by op type; the opset is fixed
         self._removed: list[Node] = []  # for `release`: removed nodes sit in reference cycles too
+        # Inferred shapes, each distinct one held once (`shapes.infer_node`).
+        self.shape_pool: dict[tuple, tuple] = {}
         self.main = self._index_graph(model.graph, None, None)
         onnx_shapes.infer(self, self.main)
 
@@ -817,6 +819,7 @@ class OnnxAdapter:
         for node in self._removed:
             node.inputs = node.outputs = ()
         self._removed = []
+        self.shape_pool = {}
 
     def _write_back(self, graph: Graph) -> None:
         for node in graph.nodes:

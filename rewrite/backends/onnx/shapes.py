@@ -195,8 +195,12 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
     if None in outputs:
         outputs = tuple(v for v in outputs if v is not None)
     if results is not None:
+        pool = adapter.shape_pool
         for value, (shape, dtype) in zip(outputs, results):
-            value.shape = _merge(shape, value.shape)
+            shape = _merge(shape, value.shape)
+            # One tuple per distinct shape: a million outputs of a few shapes
+            # held a million tuples (55 MB at a million Expands).
+            value.shape = shape if shape is None else pool.setdefault(shape, shape)
             if dtype is not None:
                 value.dtype = dtype
     if op_type == "Constant" and outputs:
