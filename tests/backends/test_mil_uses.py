@@ -75,14 +75,16 @@ def test_truncate_on_a_plain_list_too():
     assert holder._child_ops == [1, 2]
 
 
-def _long_scans(monkeypatch):
-    """Record each removal of a consumer from a long plain list that is not its first entry."""
+def _long_scans(monkeypatch, front_limit=None):
+    """Record each removal of a consumer from a long plain list that is not its first entry
+    (with `front_limit`, also a first entry of a list longer than that: the rest moves)."""
     scans = []
     original = Var.remove_child_op
 
     def remove_child_op(self, target_op, no_check=False):
         children = self._child_ops
-        if type(children) is list and len(children) >= MANY_USES and children and children[0] is not target_op:
+        if type(children) is list and len(children) >= MANY_USES and children and (
+                children[0] is not target_op or (front_limit is not None and len(children) > front_limit)):
             scans.append((self.name, len(children)))
         return original(self, target_op, no_check)
 
@@ -179,3 +181,19 @@ def test_removing_a_cond_drops_its_bodies_uses_without_a_scan(monkeypatch):
     adapter.finish()
     assert type(mean._child_ops) is list
     program.validate()
+
+
+@pytest.mark.parametrize("front, moved", [(64, False), (10**9, True)])
+def test_a_long_list_loses_no_first_entry_either(rules, monkeypatch, front, moved):
+    # Dropping a list's first entry moves all the others: past CHEAP_FRONT
+    # (64 here) the list is swapped too; with no limit, the probe sees it.
+    monkeypatch.setattr("rewrite.backends.mil.adapter.CHEAP_FRONT", front)
+    program = fan_out(300)
+    expected = _outputs(program)
+    scans = _long_scans(monkeypatch, front_limit=64)
+    rules.apply(program)
+    assert _counts(program)["tile"] == 0
+    assert bool(scans) is moved
+    for want, got in zip(expected, _outputs(program)):
+        for name in want:
+            np.testing.assert_allclose(want[name], got[name], rtol=1e-5, atol=1e-6)
