@@ -131,7 +131,7 @@ def test_a_run_never_scans_a_long_list_to_drop_a_use(rules, monkeypatch, build, 
 def test_without_the_swap_the_kept_tiles_are_scanned(rules, monkeypatch):
     # The probe above can fail: with the swap off, each tile removed scans
     # past the kept ones before it in the mean's list.
-    monkeypatch.setattr("rewrite.backends.mil.adapter.MANY_USES", 10**9)
+    monkeypatch.setattr("rewrite.backends.mil.uses.MANY_USES", 10**9)
     program = mixed(400)
     scans = _long_scans(monkeypatch)
     rules.apply(program)
@@ -187,7 +187,7 @@ def test_removing_a_cond_drops_its_bodies_uses_without_a_scan(monkeypatch):
 def test_a_long_list_loses_no_first_entry_either(rules, monkeypatch, front, moved):
     # Dropping a list's first entry moves all the others: past CHEAP_FRONT
     # (64 here) the list is swapped too; with no limit, the probe sees it.
-    monkeypatch.setattr("rewrite.backends.mil.adapter.CHEAP_FRONT", front)
+    monkeypatch.setattr("rewrite.backends.mil.uses.CHEAP_FRONT", front)
     program = fan_out(300)
     expected = _outputs(program)
     scans = _long_scans(monkeypatch, front_limit=64)

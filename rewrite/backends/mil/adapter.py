@@ -34,7 +34,7 @@ from rewrite.backends.mil.pymil import (
     mb,
     types,
 )
-from rewrite.backends.mil.uses import CHEAP_FRONT, MANY_USES, UseLists, truncate_uses
+from rewrite.backends.mil.uses import MANY_USES, UseLists, truncate_uses
 from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
@@ -1191,18 +1191,13 @@ class MilAdapter:
 
     def remove_op(self, op: Operation) -> None:
         # Ops of its nested blocks go too, and may read an outer value of many uses.
-        many = MANY_USES
+        prepare = self._use_lists.prepare
         pending = [op]
         while pending:
             removed = pending.pop()
             for value in self.operands(removed):
-                children = value._child_ops
-                # A short list drops its first entry cheaply (consumers removed
-                # in the order they were made: the common case); a long one
-                # still moves every entry after it.
-                if len(children) >= many and type(children) is list and (
-                        children[0] is not removed or len(children) > CHEAP_FRONT):
-                    self._use_lists.prepare(value)
+                if len(value._child_ops) >= MANY_USES:  # the one test most operands need
+                    prepare(value, removed)
             for block in removed.blocks:
                 pending.extend(block.operations)
         op.enclosing_block.remove_ops([op])

@@ -143,12 +143,19 @@ class UseLists:
     def __init__(self) -> None:
         self._swapped: list[Any] = []
 
-    def prepare(self, var: Any) -> None:
-        """Give `var` a `UseList` if it has many consumers, before some may be removed."""
+    def prepare(self, var: Any, removing: Any = None) -> None:
+        """Give `var` a `UseList` if it has many consumers, before some may be removed.
+
+        `removing` is the op about to be removed, when that is the edit: a
+        list not longer than CHEAP_FRONT whose first entry it is stays a list.
+        """
         children = var._child_ops
-        if type(children) is list and len(children) >= MANY_USES:
-            var._child_ops = UseList(children)
-            self._swapped.append(var)
+        if type(children) is not list or len(children) < MANY_USES:
+            return
+        if removing is not None and children[0] is removing and len(children) <= CHEAP_FRONT:
+            return  # consumers removed in the order they were made: the common case
+        var._child_ops = UseList(children)
+        self._swapped.append(var)
 
     def restore(self) -> None:
         """Plain lists again, in the same order (a var given a list meanwhile keeps it)."""
