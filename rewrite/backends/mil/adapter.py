@@ -34,7 +34,7 @@ from rewrite.backends.mil.pymil import (
     mb,
     types,
 )
-from rewrite.backends.mil.uses import MANY_USES, UseLists, truncate_uses
+from rewrite.backends.mil.uses import MANY_USES, UseLists, replace_uses_in_block, truncate_uses
 from rewrite.engine import shape_values
 from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError
 from rewrite.engine.logic import UNKNOWN, Symbol
@@ -192,6 +192,7 @@ class MilAdapter:
         # Child lists of the values with many consumers, made cheap to remove
         # from while the run edits (coremltools' own scan for each removal).
         self._use_lists = UseLists()
+        self._accepted_inputs: dict = {}  # (input type, value type) -> taken; see replace_uses_in_block
         self._input_blocks: dict[int, Block] = {}
         self._input_symbols: set[Symbol] = set()
         # id(var) -> (var, result); the var is kept so its id is not reused.
@@ -1116,9 +1117,10 @@ class MilAdapter:
         anchor = old.op
         stated_apart = old.sym_type != new.sym_type
         renamed = stated_apart and _symbols_renamed(old, new)
-        block.replace_uses_of_var_after_op(
-            anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
-        )
+        if not replace_uses_in_block(block, old, new, consumers, self._accepted_inputs):
+            block.replace_uses_of_var_after_op(
+                anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
+            )
         if is_function_output:
             # coremltools gave `new` the output's name; the old var must not keep it too.
             old.name = old.name + "_replaced"

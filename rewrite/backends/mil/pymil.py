@@ -26,12 +26,13 @@ ct = _import_coremltools()
 from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import Block, Function, InternalVar, Operation, Program, Var, types  # noqa: E402
 from coremltools.converters.mil.mil import block as block_module  # noqa: E402
-from coremltools.converters.mil.mil.input_type import TupleInputType  # noqa: E402
+from coremltools.converters.mil.mil.input_type import TensorInputType, TupleInputType  # noqa: E402
 from coremltools.converters.mil.mil.ops.registry import SSAOpRegistry  # noqa: E402
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic  # noqa: E402
 
 __all__ = [
-    "Block", "Function", "InternalVar", "MilError", "Operation", "Program", "SSAOpRegistry", "TupleInputType", "Var",
+    "Block", "Function", "InternalVar", "MilError", "Operation", "Program", "SSAOpRegistry", "TensorInputType",
+    "TupleInputType", "Var",
     "block_module", "count_ops", "ct", "is_symbolic", "mb", "types",
 ]
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rewrite.backends.mil.pymil import TensorInputType
+
 # Below this many consumers a list scan is as cheap as the bookkeeping.
 MANY_USES = 32
 
@@ -164,3 +166,90 @@ class UseLists:
             if type(children) is UseList:
                 var._child_ops = children.as_list()
         self._swapped.clear()
+
+
+def replace_uses_in_block(block: Any, old: Any, new: Any, consumers: list, accepted: dict | None = None) -> bool:
+    """Make every consumer of `old` read `new` instead, as
+    `block.replace_uses_of_var_after_op(old.op, old, new, no_check_var_types=True)`
+    does, at the cost of the uses replaced; False, having changed nothing, where
+    that call must do it (see below). `consumers` are `old`'s distinct child ops.
+
+    coremltools re-sets every input of each consumer: it validates them all
+    against the op's input spec, compares each old input's type with its
+    replacement's (a comparison it then ignores without type checks), and
+    detaches and re-attaches the inputs that do not change. That is two
+    thirds of a bypass. Here only the inputs that change are validated, by
+    the same `InputSpec.validate_inputs`, and only their uses move. The
+    inputs that stay keep their place in their values' child lists.
+    `accepted`, kept by the caller over a run, remembers which types a
+    plain tensor input took: its verdict depends on nothing else.
+
+    Taken only where the replacement is that simple: `old` made by an op of
+    `block` and read only by ops of `block` that have no blocks of their own,
+    not an output of any block, `new` of `old`'s dtype (so inputs that must
+    share a dtype still do) and replaceable for it (constexpr
+    bookkeeping). Otherwise coremltools does it, nested blocks and block
+    outputs included.
+    """
+    if old.op is None or old.op.enclosing_block is not block or old.consuming_blocks:
+        return False
+    if type(new) is not type(old) or not old.can_be_replaced_by_var(new):
+        return False
+    if old.sym_type is not new.sym_type and _element_type(old.sym_type) is not _element_type(new.sym_type):
+        return False
+    for op in consumers:
+        if op.enclosing_block is not block or op.blocks:
+            return False
+    changes = []
+    for op in consumers:
+        changed = {}
+        for name, value in op._input_vars.items():
+            if value is old:
+                changed[name] = new
+            elif isinstance(value, (list, tuple)) and any(item is old for item in value):
+                changed[name] = tuple(new if item is old else item for item in value)
+        _validate(op, changed, {} if accepted is None else accepted)  # raises before anything changes
+        changes.append((op, changed))
+    block._copy_metadata(old, new)
+    block._copy_scope_info(old, new)
+    uses = new._child_ops
+    for op, changed in changes:
+        for name, value in changed.items():
+            before = op._input_vars[name]
+            occurrences = 1 if before is old else sum(1 for item in before if item is old)
+            op._input_vars[name] = value
+            setattr(op, name, value)
+            for _ in range(occurrences):
+                uses.append(op)
+    # Every use of `old` was one of the consumers', and each has moved.
+    if type(old._child_ops) is list:
+        old._child_ops.clear()
+    else:
+        old._child_ops = []
+    return True
+
+
+def _validate(op: Any, changed: dict, accepted: dict) -> None:
+    """Raise as `op.set_inputs(**changed)` would for an input its spec refuses."""
+    unchecked = {}
+    spec = op.input_spec.input_types
+    for name, value in changed.items():
+        input_type = spec[name]
+        # A non-const tensor input's verdict is a function of the value's type
+        # alone (coremltools' types are memoized, so one type is one object).
+        if type(input_type) is TensorInputType and not input_type.const:
+            key = (input_type, value.sym_type)
+            verdict = accepted.get(key)
+            if verdict is None:
+                verdict = accepted[key] = bool(input_type.is_compatible(value))
+            if verdict:
+                continue
+        unchecked[name] = value
+    if unchecked:
+        op.input_spec.validate_inputs(op.name, op.op_type, unchecked)
+
+
+def _element_type(sym_type: Any) -> Any:
+    # A tensor type's element type; a scalar type is its own.
+    primitive = getattr(sym_type, "get_primitive", None)
+    return primitive() if primitive is not None else sym_type
