@@ -208,6 +208,8 @@ def replace_uses_in_block(block: Any, old: Any, new: Any, consumers: list, accep
                 changed[name] = new
             elif isinstance(value, (list, tuple)) and any(item is old for item in value):
                 changed[name] = tuple(new if item is old else item for item in value)
+        if not changed:
+            return False  # a child op that names `old` in no input: not a state to build on
         _validate(op, changed, {} if accepted is None else accepted)  # raises before anything changes
         changes.append((op, changed))
     block._copy_metadata(old, new)
