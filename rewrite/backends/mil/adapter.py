@@ -1113,11 +1113,12 @@ class MilAdapter:
                     new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
                 _inherit_scopes(_ops_between(block, previous, old.op), old.op, None)
         consumers = self.consumers(old)
-        self._use_lists.prepare(old)
         anchor = old.op
         stated_apart = old.sym_type != new.sym_type
         renamed = stated_apart and _symbols_renamed(old, new)
         if not replace_uses_in_block(block, old, new, consumers, self._accepted_inputs):
+            # coremltools drops the uses one by one; the direct path empties the list at once.
+            self._use_lists.prepare(old)
             block.replace_uses_of_var_after_op(
                 anchor_op=anchor, old_var=old, new_var=new, no_check_var_types=True
             )

@@ -197,32 +197,31 @@ def replace_uses_in_block(block: Any, old: Any, new: Any, consumers: list, accep
         return False
     if old.sym_type is not new.sym_type and _element_type(old.sym_type) is not _element_type(new.sym_type):
         return False
+    changes = []
     for op in consumers:
         if op.enclosing_block is not block or op.blocks:
             return False
-    changes = []
-    for op in consumers:
-        changed = {}
+        changed, occurrences = {}, 0
         for name, value in op._input_vars.items():
             if value is old:
                 changed[name] = new
+                occurrences += 1
             elif isinstance(value, (list, tuple)) and any(item is old for item in value):
                 changed[name] = tuple(new if item is old else item for item in value)
+                occurrences += sum(1 for item in value if item is old)
         if not changed:
             return False  # a child op that names `old` in no input: not a state to build on
         _validate(op, changed, {} if accepted is None else accepted)  # raises before anything changes
-        changes.append((op, changed))
+        changes.append((op, changed, occurrences))
     block._copy_metadata(old, new)
     block._copy_scope_info(old, new)
     uses = new._child_ops
-    for op, changed in changes:
+    for op, changed, occurrences in changes:
         for name, value in changed.items():
-            before = op._input_vars[name]
-            occurrences = 1 if before is old else sum(1 for item in before if item is old)
             op._input_vars[name] = value
             setattr(op, name, value)
-            for _ in range(occurrences):
-                uses.append(op)
+        for _ in range(occurrences):  # one use per position, as set_inputs adds them
+            uses.append(op)
     # Every use of `old` was one of the consumers', and each has moved.
     if type(old._child_ops) is list:
         old._child_ops.clear()
