@@ -206,7 +206,9 @@ def nested(size: int, _width: int) -> onnx.ModelProto:
 def mixed(size: int, _width: int) -> onnx.ModelProto:
     """Fan-out layers; every other Expand feeds a Concat (kept), the others a Mul (removed)."""
     nodes, x, kept = _statistic(), "x0", []
-    for i in range(max(1, (size - 3) // 3)):
+    # Layers alternate 3 nodes (removed) and 2 (kept): 2.5 a layer, so that
+    # a size of 100k is 100k nodes.
+    for i in range(max(1, 2 * (size - 3) // 5)):
         nodes.append(make("Expand", ["m", "s"], [f"e{i}"]))
         if i % 2:
             kept.append(f"e{i}")
