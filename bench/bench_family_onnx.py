@@ -83,6 +83,8 @@ THEIRS_PROCESS = (
     "onnx.save(rewrite(model, pattern_rewrite_rules=expand_before_binary_op_rules), sys.argv[2])\n"
 )
 STATIC_BATCH = 4
+# Sizes up to SMALL nodes take milliseconds a run: at least SMALL_REPEAT runs each.
+SMALL, SMALL_REPEAT = 20_000, 5
 
 make = helper.make_node
 
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     cli = locate_cli()
     print(f"onnx {onnx.__version__}, onnxscript {onnxscript.__version__}; wide nodes of {args.width} inputs; "
-          f"best of {args.repeat}; in-process times are load + rewrite + save; ours: "
+          f"best of {args.repeat} (of at least {SMALL_REPEAT} up to {SMALL:,} nodes); in-process times are load + "
+          f"rewrite + save; ours: "
           + ("every shipped ONNX rule" if rules_path is None else rules_path.name))
     header = (f"{'shape':<16} {'nodes':>8} | {'ours s':>8} {'us/node':>8} {'cpu/node':>8} {'load/apply/save':>17} | "
               f"{'theirs s':>8} {'theirs/ours':>11} | {'proc s':>7} {'th. proc':>8} {'RSS/load':>8} | "
@@ -382,20 +385,23 @@ def main(argv: list[str] | None = None) -> int:
             batches = (STATIC_BATCH,) if args.static else BATCHES
             reference = outputs(source, batches) if nodes <= args.check_limit else None
             ours_path, theirs_path = folder / f"{name}_{size}.ours.onnx", folder / f"{name}_{size}.theirs.onnx"
-            ours = min((run_ours(rules, source, ours_path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
+            # A run of a few thousand nodes takes milliseconds, within the noise
+            # of one sample: small sizes are repeated more, for the flatness ratio.
+            repeat = max(args.repeat, SMALL_REPEAT) if nodes <= SMALL else args.repeat
+            ours = min((run_ours(rules, source, ours_path) for _ in range(repeat)), key=lambda r: r["seconds"])
             per_node.append(ours["seconds"] / nodes)
             cpu_per_node.append(ours["cpu"] / nodes)
             theirs = None
             if nodes <= args.theirs_limit:
-                theirs = min(run_theirs(source, theirs_path, args.static) for _ in range(args.repeat))
+                theirs = min(run_theirs(source, theirs_path, args.static) for _ in range(repeat))
             rules_arguments = [] if rules_path is None else ["--rules", str(rules_path)]
-            process = best_of([*cli, "apply", str(source), *rules_arguments, "-o", str(ours_path)], args.repeat,
+            process = best_of([*cli, "apply", str(source), *rules_arguments, "-o", str(ours_path)], repeat,
                               timeout=3600)
-            plain = best_of([sys.executable, "-c", PLAIN_LOAD, str(source)], args.repeat, timeout=3600)
+            plain = best_of([sys.executable, "-c", PLAIN_LOAD, str(source)], repeat, timeout=3600)
             theirs_process = None
             if args.processes and nodes <= args.theirs_limit:
                 theirs_process = best_of([sys.executable, "-c", THEIRS_PROCESS, str(source), str(theirs_path),
-                                          "infer" if args.static else "plain"], args.repeat, timeout=3600)
+                                          "infer" if args.static else "plain"], repeat, timeout=3600)
             left = count(onnx.load(str(ours_path)))["Expand"]
             verdict = same_outputs(ours_path, reference, batches) if reference is not None else "n/c"
             theirs_left = count(onnx.load(str(theirs_path)))["Expand"] if theirs is not None else "n/a"
