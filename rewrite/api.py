@@ -11,6 +11,7 @@ from typing import Any
 
 from rewrite import backends, resources
 from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Progress, Statistics
+from rewrite.engine.steps import Steps
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic
 from rewrite.language.loader import load_rule_files
@@ -75,12 +76,17 @@ class RuleSet:
         progress: Progress | None = None,
         count_ops: bool = False,
         check_types: bool = False,
+        steps: Steps | None = None,
     ) -> Statistics:
-        """Like `apply`, over an adapter you built (for a backend of your own)."""
+        """Like `apply`, over an adapter you built (for a backend of your own).
+
+        `steps` records each rewrite by its rule's name, and stops the run at
+        its limit (`Steps`).
+        """
         rules = self.for_dialect(adapter.dialect)
         driver = Driver(
             rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress, count_ops=count_ops,
-            check_types=check_types,
+            check_types=check_types, steps=steps,
         )
         return driver.run()
 

@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--opset", type=_positive, default=None, metavar="N",
                        help="ONNX: convert the model to opset N first (onnx.version_converter), so that fusions to "
                             "newer standard ops can fire")
+    apply.add_argument("--overridable-initializers", action="store_true",
+                       help="ONNX: take initializers the graph lists as inputs as inputs a user may override, "
+                            "not as constants, even below IR version 4 (where onnxruntime takes them as constants)")
     apply.add_argument("--max-sweeps", type=_positive, default=None, metavar="N",
                        help="give up when rules still fire after N sweeps")
     apply.add_argument("--check-types", action="store_true",
@@ -195,6 +198,12 @@ class _Model:
         except ModelError as error:
             raise UserError(str(error)) from None
 
+    def reread(self):
+        """The ONNX model as its file holds it, and the folder of its external data (left there)."""
+        from rewrite.backends.onnx.files import read_onnx_untracked
+
+        return read_onnx_untracked(self.path)
+
     def files(self) -> list[Path]:
         """Every file the input consists of (a package's whole tree), the input's own path first."""
         return [self.path, *self.source.files]
@@ -323,6 +332,8 @@ def _apply(arguments) -> int:
     model = _Model(source)
     if arguments.opset is not None and model.format != "onnx":
         raise UserError("--opset is for ONNX models; a Core ML program keeps its deployment target")
+    if arguments.overridable_initializers and model.format != "onnx":
+        raise UserError("--overridable-initializers is for ONNX models")
     if arguments.in_place:
         if arguments.output and Path(os.path.realpath(arguments.output)) != Path(os.path.realpath(source)):
             raise UserError("--in-place writes to INPUT; do not also give -o")
@@ -368,22 +379,30 @@ def _apply(arguments) -> int:
         # a person watches.
         bar = _progress_bar(model.count_ops()) if sys.stderr.isatty() else None
         try:
-            if model.format == "onnx" and not arguments.rules and not arguments.rule and not arguments.rules_only:
-                # The whole ONNX library: constants folded, the rules, dead values pruned.
+            if model.format == "onnx":
                 from rewrite.onnx import optimize
 
-                statistics = optimize(model.program, arguments.opset, rules=rule_set, progress=bar,
-                                      check_types=arguments.check_types,
-                                      **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
-                                      ).statistics
+                # The whole ONNX library folds constants and prunes dead values
+                # around the rules; rules of the user's own run alone.
+                library = not arguments.rules and not arguments.rule and not arguments.rules_only
+                only_rules = {} if library else {
+                    "fold": False, "prune_dead": False, "constants_as_initializers": False, "max_rounds": 1}
+                result = optimize(model.program, arguments.opset, rules=rule_set, progress=bar,
+                                  check_types=arguments.check_types, original=model.reread,
+                                  overridable_initializers=True if arguments.overridable_initializers else None,
+                                  **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
+                                  **only_rules)
+                statistics = result.statistics
+                _note_initializers(result)
             else:
-                if arguments.opset is not None and model.format == "onnx":
-                    from rewrite.onnx import convert_opset
-
-                    convert_opset(model.program, arguments.opset)
                 statistics = rule_set.apply(model.program, progress=bar, **options)
-        except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError, ModelError) as error:
+        except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
             raise UserError(str(error)) from None
+        except ModelError as error:
+            from rewrite.backends.onnx.validation import InvalidOutputError
+
+            raise UserError(f"{error}; nothing was written" if isinstance(error, InvalidOutputError) else str(error)
+                            ) from None
         finally:
             if bar is not None:
                 bar.close()
@@ -393,6 +412,20 @@ def _apply(arguments) -> int:
             raise UserError(str(error)) from None
         _report(arguments, statistics, source, target.path if arguments.in_place else requested)
     return EXIT_OK
+
+
+def _note_initializers(result) -> None:
+    """Say how initializers listed as graph inputs were taken, where the model has any: it decides what folds."""
+    listed = result.listed_initializers
+    if not listed:
+        return
+    if result.overridable_initializers:
+        print(f"rewrite: note: {_plural(listed, 'initializer')} the graph lists as inputs kept as inputs a user "
+              "may override (not folded)", file=sys.stderr)
+    else:
+        print(f"rewrite: note: IR version below 4: {_plural(listed, 'initializer')} the graph lists as inputs "
+              "taken as constants, as onnxruntime takes them (--overridable-initializers keeps them inputs)",
+              file=sys.stderr)
 
 
 PROGRESS_THRESHOLD = 10_000

@@ -29,10 +29,13 @@ leave them; `constants_as_initializers=False` keeps them nodes).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import onnx
+
 from rewrite.api import RuleSet, load_rules, paused_garbage_collection
-from rewrite.backends.onnx import OnnxAdapter, count_nodes
+from rewrite.backends.onnx import OnnxAdapter, count_nodes, validation
 from rewrite.backends.onnx import files as onnx_files
 from rewrite.backends.onnx.folding import (
     DEFAULT_LIMIT_BYTES,
@@ -43,6 +46,7 @@ from rewrite.backends.onnx.folding import (
 )
 from rewrite.engine.driver import RuleStatistics, Statistics
 from rewrite.engine.interfaces import ModelError
+from rewrite.engine.steps import StepLimitReached, Steps, first_breaking_step
 
 DEFAULT_MAX_ROUNDS = 8
 
@@ -59,6 +63,10 @@ class OptimizeResult:
     pruned_initializers: int = 0
     constants_moved: int = 0
     rounds: int = 0
+    # Whether initializers the main graph lists as inputs were taken as inputs
+    # a user may override (else as constants), and how many it lists so.
+    overridable_initializers: bool = True
+    listed_initializers: int = 0
     statistics: Statistics = field(default_factory=Statistics)
 
     @property
@@ -93,20 +101,132 @@ def default_opset(model) -> int | None:
 def convert_opset(model, opset: int) -> None:
     """Convert `model` in place to `opset` of the default domain with `onnx.version_converter`.
 
-    Raises `ModelError` naming the versions where the converter cannot do it
-    (an op it has no adapter for, say); the model is then left as it was.
+    The converter returns the main graph alone: model-local functions and
+    `training_info` are converted here one by one, each as a model of its
+    own, and put back. Raises `ModelError` naming the versions (and the
+    function or training graph) where the converter cannot do it (an op it
+    has no adapter for, say); the model is then left as it was.
     """
     current = default_opset(model)
     if current == opset:
         return
     from onnx import version_converter
 
+    def converted(part: onnx.ModelProto, what: str) -> onnx.ModelProto:
+        try:
+            return version_converter.convert_version(part, opset)
+        except Exception as error:  # the converter's own errors are RuntimeError and ValueError alike
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ModelError(f"cannot convert {what} from opset {current} to {opset}: {reason}") from None
+
+    main = onnx.ModelProto()
+    main.CopyFrom(model)
+    del main.functions[:]
+    del main.training_info[:]
+    result = converted(main, "the model")
+    taken = _defined(result.graph)
+    for function in model.functions:
+        result.functions.append(_converted_function(function, model, opset, converted))
+    for training in model.training_info:
+        copy = onnx.TrainingInfoProto()
+        copy.CopyFrom(training)
+        for field_name in ("initialization", "algorithm"):
+            if training.HasField(field_name):
+                graph = _converted_graph(getattr(training, field_name), model, opset, taken,
+                                         f"the training graph '{getattr(training, field_name).name}'", converted)
+                getattr(copy, field_name).CopyFrom(graph)
+        result.training_info.append(copy)
+    model.CopyFrom(result)
+
+
+def _converted_function(function: onnx.FunctionProto, model, opset: int, converted) -> onnx.FunctionProto:
+    """`function` with its body converted to `opset` (of the default domain), as a graph of a model of its own."""
+    if not any(entry.domain in ("", "ai.onnx") for entry in function.opset_import):
+        return function  # nothing of the default domain in it: nothing to convert
+    graph = onnx.helper.make_graph(
+        list(function.node), function.name,
+        [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in function.input],
+        [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in function.output],
+    )
+    part = _part(graph, function.opset_import, model)
     try:
-        converted = version_converter.convert_version(model, opset)
-    except Exception as error:  # the converter's own errors are RuntimeError and ValueError alike
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelError(f"cannot convert the model from opset {current} to {opset}: {reason}") from None
-    model.CopyFrom(converted)
+        body = converted(part, f"the function '{function.domain}:{function.name}'").graph
+    except ModelError:
+        if any(attribute.ref_attr_name for node in function.node for attribute in node.attribute):
+            raise ModelError(f"cannot convert the function '{function.domain}:{function.name}' to opset {opset}: "
+                             "its body refers to the function's attributes, which onnx's converter cannot "
+                             "convert") from None
+        raise
+    result = onnx.FunctionProto()
+    result.CopyFrom(function)
+    del result.node[:]
+    result.node.extend(body.node)
+    for entry in result.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = opset
+    return result
+
+
+def _converted_graph(graph: onnx.GraphProto, model, opset: int, taken: set[str], what: str, converted):
+    """A training graph converted to `opset`: the names it reads from the main graph become inputs for the
+    converter, and are taken back out; names the converter makes that the main graph has are renamed."""
+    own = _defined(graph)
+    outer = [name for name in _read(graph) if name not in own]
+    wrapper = onnx.GraphProto()
+    wrapper.CopyFrom(graph)
+    for name in dict.fromkeys(outer):
+        wrapper.input.append(onnx.helper.make_value_info(name, onnx.TypeProto()))
+    result = converted(_part(wrapper, model.opset_import, model), what).graph
+    del result.input[len(graph.input):]
+    del result.value_info[:]
+    made = _defined(result) - own
+    clashes = {name: name for name in made if name in taken}
+    for name in clashes:
+        fresh, serial = name, 0
+        while fresh in taken or fresh in made:
+            serial += 1
+            fresh = f"{name}_training_{serial}"
+        clashes[name] = fresh
+    if clashes:
+        for node in result.node:
+            node.input[:] = [clashes.get(name, name) for name in node.input]
+            node.output[:] = [clashes.get(name, name) for name in node.output]
+    return result
+
+
+def _part(graph: onnx.GraphProto, opset_import, model) -> onnx.ModelProto:
+    """A model around `graph`, importing what `opset_import` does, for the converter."""
+    part = onnx.helper.make_model(graph, opset_imports=list(opset_import))
+    part.ir_version = model.ir_version
+    part.functions.extend(model.functions)  # a body may call another local function
+    return part
+
+
+def _defined(graph: onnx.GraphProto) -> set[str]:
+    """Every name `graph` defines: inputs, initializers and node outputs, its subgraphs' included."""
+    found = {info.name for info in graph.input} | {tensor.name for tensor in graph.initializer}
+    for node in graph.node:
+        found.update(node.output)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found |= _defined(attribute.g)
+            for subgraph in attribute.graphs:
+                found |= _defined(subgraph)
+    found.discard("")
+    return found
+
+
+def _read(graph: onnx.GraphProto) -> list[str]:
+    """Every name `graph`'s nodes read, its subgraphs' included, in order."""
+    found = []
+    for node in graph.node:
+        found.extend(name for name in node.input if name)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found.extend(_read(attribute.g))
+            for subgraph in attribute.graphs:
+                found.extend(_read(subgraph))
+    return found
 
 
 def optimize(
@@ -115,9 +235,13 @@ def optimize(
     *,
     rules: RuleSet | None = None,
     fold: bool = True,
+    prune_dead: bool = True,
     fold_limit_bytes: int = DEFAULT_LIMIT_BYTES,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
     constants_as_initializers: bool = True,
+    overridable_initializers: bool | None = None,
+    validate: bool = True,
+    original: Callable[[], tuple[onnx.ModelProto, str | None]] | None = None,
     **apply_options,
 ) -> OptimizeResult:
     """Clean up an `onnx.ModelProto` in place with folding, the rules and pruning; see the module docstring.
@@ -126,31 +250,106 @@ def optimize(
     folded. The model keeps its opset unless `opset` is given (then it is
     converted first, see the module docstring); rules that build newer ops
     check the opset themselves. `apply_options` go to each run of the rules
-    (`max_sweeps`, `check_types`, `progress`; see `RuleSet.apply`).
+    (`max_sweeps`, `check_types`, `progress`; see `RuleSet.apply`). With
+    `fold` and `prune_dead` false and `max_rounds` 1, only the rules run.
+
+    An initializer the main graph also lists as an input is an input with a
+    default from IR version 4 on, and a constant below (as onnxruntime takes
+    them); `overridable_initializers` decides it either way.
+
+    With `validate` (the default), the result must pass
+    `onnx.checker.check_model(full_check=True)` if the model did: if it does
+    not, the model is restored as it was and `InvalidOutputError` names the
+    change (the rule, or the folding or pruning) that broke it. Finding it
+    replays the run from a copy of the model, taken before it starts (or
+    from `original()`, which returns the input again with the folder of its
+    external data, if cheaper: the CLI reads its file again).
     """
-    if opset is not None:
-        convert_opset(model, opset)
-    rules = rules if rules is not None else _shipped_rules()
-    with paused_garbage_collection():
-        adapter = OnnxAdapter(model, onnx_files.base_dir_of(model))
-        try:
-            result = OptimizeResult(nodes_before=adapter.count_ops())
-            for _ in range(max_rounds):
-                result.rounds += 1
-                folded = fold_constants(adapter, fold_limit_bytes) if fold else 0
-                statistics = rules.apply_with(adapter, **apply_options)
-                pruned = prune(adapter)
-                result.folded += folded
-                result.pruned_nodes += pruned
-                _add(result.statistics, statistics)
-                if not folded and not statistics.fires and not pruned:
-                    break
-            adapter.finish()
-        finally:
-            adapter.release()
-        result.pruned_initializers = prune_model(model)
-        if constants_as_initializers:
-            result.constants_moved = constants_to_initializers(model)
-        result.nodes_after = count_nodes(model)
-        result.statistics.ops_before, result.statistics.ops_after = result.nodes_before, result.nodes_after
+    if not validate:
+        return _optimize(model, onnx_files.base_dir_of(model), opset, rules, fold, prune_dead, fold_limit_bytes,
+                         max_rounds, constants_as_initializers, overridable_initializers, apply_options, None)
+    if original is None:
+        snapshot, snapshot_dir = _copy(model), onnx_files.base_dir_of(model)
+
+        def original() -> tuple[onnx.ModelProto, str | None]:
+            return _copy(snapshot), snapshot_dir
+
+    steps = Steps()
+    result = _optimize(model, onnx_files.base_dir_of(model), opset, rules, fold, prune_dead, fold_limit_bytes,
+                       max_rounds, constants_as_initializers, overridable_initializers, apply_options, steps)
+    found = validation.problem(model)
+    if found is None:
         return result
+    source, base_dir = original()
+    if validation.problem(source) is not None:
+        return result  # it was not valid to begin with: no promise to keep
+    quiet = {**apply_options, "progress": None}
+
+    def replay(limit: Steps) -> onnx.ModelProto:
+        copy = _copy(source)
+        try:
+            _optimize(copy, base_dir, opset, rules, fold, prune_dead, fold_limit_bytes, max_rounds,
+                      constants_as_initializers, overridable_initializers, quiet, limit)
+        except ModelError:
+            pass  # a replay that fails as the run did not is no evidence either way
+        return copy
+
+    culprit = first_breaking_step(replay, len(steps.taken), validation.problem)
+    model.CopyFrom(source)
+    step, maker = culprit if culprit is not None else (None, None)
+    raise validation.InvalidOutputError(found, maker, step)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _optimize(
+    model, base_dir, opset, rules, fold, prune_dead, fold_limit_bytes, max_rounds, constants_as_initializers,
+    overridable_initializers, apply_options, steps: Steps | None,
+) -> OptimizeResult:
+    """One run of `optimize`, without its validation; stops quietly at `steps.limit`."""
+    rules = rules if rules is not None else _shipped_rules()
+    result = OptimizeResult(nodes_before=count_nodes(model))
+    try:
+        if opset is not None and default_opset(model) != opset:
+            if steps is not None:
+                steps.take(f"the conversion to opset {opset}")
+            convert_opset(model, opset)
+        with paused_garbage_collection():
+            adapter = OnnxAdapter(model, base_dir, overridable_initializers=overridable_initializers)
+            result.overridable_initializers = adapter.overridable_initializers
+            listed = {info.name for info in model.graph.input}
+            result.listed_initializers = sum(tensor.name in listed for tensor in model.graph.initializer)
+            try:
+                for _ in range(max_rounds):
+                    result.rounds += 1
+                    folded = fold_constants(adapter, fold_limit_bytes, steps) if fold else 0
+                    result.folded += folded
+                    statistics = rules.apply_with(adapter, steps=steps, **apply_options)
+                    _add(result.statistics, statistics)
+                    pruned = prune(adapter, steps) if prune_dead else 0
+                    result.pruned_nodes += pruned
+                    if not folded and not statistics.fires and not pruned:
+                        break
+                adapter.finish()
+            except StepLimitReached:
+                adapter.finish()  # the first changes, up to the limit, are what a replay returns
+                raise
+            finally:
+                adapter.release()
+        if prune_dead:
+            if steps is not None:
+                steps.take("the pruning of unread initializers")
+            result.pruned_initializers = prune_model(model, result.overridable_initializers)
+        if constants_as_initializers:
+            if steps is not None:
+                steps.take("the moving of Constants to initializers")
+            result.constants_moved = constants_to_initializers(model)
+    except StepLimitReached:
+        pass
+    result.nodes_after = count_nodes(model)
+    result.statistics.ops_before, result.statistics.ops_after = result.nodes_before, result.nodes_after
+    return result

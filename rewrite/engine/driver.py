@@ -22,6 +22,7 @@ from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from rewrite.engine.operands import OperandTable
 from rewrite.engine.rewriter import BuildFailed, Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
+from rewrite.engine.steps import Steps
 from rewrite.language import ast
 from rewrite.predicates import Predicate
 
@@ -139,6 +140,7 @@ class Driver:
         progress: Progress | None = None,
         count_ops: bool = False,
         check_types: bool = False,
+        steps: Steps | None = None,
     ):
         if max_sweeps < 1:
             raise ValueError(f"max_sweeps must be at least 1, not {max_sweeps}")
@@ -150,6 +152,7 @@ class Driver:
         self.max_sweeps = max_sweeps
         # A rule author asked to hear about a rewrite the guard refuses.
         self.check_types = check_types
+        self.steps = steps
         # Rewrites not made although the rule held: the guard's refusals and
         # operands without a value, with the rule and the anchor.
         self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
@@ -256,6 +259,8 @@ class Driver:
             env = self._firing(rule, anchor)
             if env is None:
                 return False
+            if self.steps is not None:
+                self.steps.take(rule.name)
             try:
                 touched = self.rewriter.apply(rule, env, anchor)
             except TypeChangedError as error:

@@ -101,8 +101,8 @@ class Value:
     """A name defined in one graph: a graph input, an initializer or a node output."""
 
     __slots__ = (
-        "name", "graph", "producer", "uses", "stale", "detached", "readers", "output_of", "initializer", "shape",
-        "dtype", "contents", "_constant",
+        "name", "graph", "producer", "uses", "stale", "detached", "readers", "output_of", "pinned", "initializer",
+        "shape", "dtype", "contents", "_constant",
     )
 
     def __init__(self, name: str, graph: Graph, producer: Node | None = None):
@@ -124,7 +124,13 @@ class Value:
         # `use_count` asks, kept up to date by every edit from then on; None before.
         self.readers: int | None = None
         self.output_of: tuple[Graph, ...] = ()  # graphs (this one or nested ones) that output it
-        self.initializer: onnx.TensorProto | None = None
+        # Read by name from outside the graphs (the model's training_info):
+        # used, and its name stays, as a model output's does.
+        self.pinned = False
+        # The tensor of an initializer the engine may take as a constant (a
+        # sparse one's too); None for one a user may override at run time,
+        # which is an input like any other.
+        self.initializer: onnx.TensorProto | onnx.SparseTensorProto | None = None
         self.shape: tuple | None = None
         self.dtype: str | None = None
         self.contents: list | None = None  # the dims a shape-like value holds, if known
@@ -197,9 +203,26 @@ class OnnxAdapter:
 
     dialect = DIALECT
 
-    def __init__(self, model: onnx.ModelProto, base_dir: str | None = None):
+    def __init__(
+        self, model: onnx.ModelProto, base_dir: str | None = None, *, overridable_initializers: bool | None = None
+    ):
+        """Index `model`; `base_dir` is the folder its external tensors are read from.
+
+        An initializer the graph also lists as an input may be overridden at
+        run time from IR version 4 on, and is then no constant; below IR 4
+        the format requires every initializer to be listed so, and
+        onnxruntime takes them as constants. `overridable_initializers`
+        decides it either way (None: by the IR version, `initializer_semantics`).
+        """
         self.model = model
         self.base_dir = base_dir
+        if overridable_initializers is None:
+            overridable_initializers = model.ir_version >= 4 or model.ir_version == 0
+        self.overridable_initializers = overridable_initializers
+        # Names the training graphs read, bind or update: kept, and not constants.
+        self.training_names = training_names(model)
+        self._functions = {(f.domain, f.name): f for f in model.functions}
+        self._side_effects: dict[str, bool] = {}
         self.opset = next(
             (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
             onnx.defs.onnx_opset_version(),
@@ -211,6 +234,10 @@ class OnnxAdapter:
         # Inferred shapes, each distinct one held once (`shapes.infer_node`).
         self.shape_pool: dict[tuple, tuple] = {}
         self.main = self._index_graph(model.graph, None, None)
+        for name in self.training_names:
+            value = self.main.values.get(name)
+            if value is not None:
+                value.pinned = True
         onnx_shapes.infer(self, self.main)
 
     # ---- building the index
@@ -234,15 +261,23 @@ class OnnxAdapter:
             # Only the model's own inputs are the user's declaration; a
             # subgraph's (Loop and Scan bodies) were written by an exporter.
             onnx_shapes.declare(value, info, trusted=parent is None)
-        for tensor in proto.initializer:
-            value = graph.values.get(tensor.name)
+        stored: set[str] = set()
+        sparse = [(tensor.values.name, tensor) for tensor in proto.sparse_initializer]
+        for name, tensor in [(tensor.name, tensor) for tensor in proto.initializer] + sparse:
+            if name in stored:
+                raise OnnxError(f"initializer '{name}'{_scope(graph)} is given twice")
+            stored.add(name)
+            value = graph.values.get(name)
+            if value is not None and self.overridable_initializers:
+                continue  # listed as an input: the user's to give; this is only its default
             if value is None:
-                value = self._define(graph, tensor.name, None)
-            elif value.initializer is not None:
-                raise OnnxError(f"initializer '{tensor.name}'{_scope(graph)} is given twice")
-            value.initializer = tensor
+                value = self._define(graph, name, None)
             value.shape = tuple(int(d) for d in tensor.dims)
-            value.dtype = onnx_shapes.dtype_name(tensor.data_type)
+            value.dtype = onnx_shapes.dtype_name(
+                tensor.values.data_type if isinstance(tensor, onnx.SparseTensorProto) else tensor.data_type)
+            if parent is None and name in self.training_names:
+                continue  # training rewrites it: no constant, as far as the engine is concerned
+            value.initializer = tensor
         # The hot loop of loading: names in the top graph resolve with one dict
         # lookup; only subgraphs walk their enclosing scopes.
         find = graph.values.get if parent is None else graph.lookup
@@ -353,7 +388,14 @@ class OnnxAdapter:
         return op.graph
 
     def has_side_effects(self, op: Node) -> bool:
-        return False
+        """Whether removing `op` unused could change what the model does (see `side_effects`)."""
+        if not any(op.proto.output):
+            return True  # an op that computes nothing is there for what else it does
+        known = self._side_effects.get(op.type)
+        if known is None:
+            known = self._side_effects[op.type] = _has_side_effects(
+                op.proto.domain, op.proto.op_type, self.model, self._functions, self.opset, set())
+        return known
 
     def _input_index(self, op: Node) -> dict[str, int | slice]:
         index = self._input_indexes.get(op.type)
@@ -412,7 +454,7 @@ class OnnxAdapter:
 
     def has_uses(self, value: Value) -> bool:
         """Whether a live node uses `value` or a graph outputs it: O(1) (see `Value.stale`)."""
-        return len(value.uses) > value.stale or bool(value.output_of)
+        return len(value.uses) > value.stale or bool(value.output_of) or value.pinned
 
     def use_count(self, value: Value, limit: int | None = None) -> int:
         """How many distinct live nodes use `value`: counted once, then kept (see `Value.readers`)."""
@@ -683,23 +725,41 @@ class OnnxAdapter:
         op.graph.dirty = True
 
     def _replace_output(self, old: Value, new: Value) -> None:
-        for graph in dict.fromkeys(old.output_of):
+        graphs = dict.fromkeys(old.output_of)
+        carrier = None
+        if old.pinned or self.main in graphs:
+            # The model's outputs, and what its training graphs read, are
+            # its interface: the name stays.
+            carrier = self._take_name(old, new)
+            carrier.pinned, old.pinned = carrier.pinned or old.pinned, False
+        for graph in graphs:
             for position, value in enumerate(graph.outputs):
                 if value is not old:
                     continue
                 if graph is self.main:
-                    # The model's outputs are its interface: the name stays.
-                    self._take_output_name(graph, position, old, new)
-                else:
+                    graph.outputs[position] = carrier
+                    carrier.output_of += (graph,)
+                elif new.producer is not None and new.graph is graph and graph not in new.output_of:
                     # Subgraph outputs bind by position; the name may change.
                     graph.outputs[position] = new
                     new.output_of += (graph,)
-                    graph.dirty = True
+                else:
+                    # A body may not return a value it did not compute: an
+                    # enclosing scope's value, its own input or initializer
+                    # ("Subgraph output (y) is an outer scope value being
+                    # returned directly"), nor one value at two positions.
+                    bridged = self._identity(graph, new, self._fresh_name(old.name + "_bridged"))
+                    graph.outputs[position] = bridged
+                    bridged.output_of += (graph,)
+                graph.dirty = True
         old.output_of = ()
 
-    def _take_output_name(self, graph: Graph, position: int, old: Value, new: Value) -> None:
+    def _take_name(self, old: Value, new: Value) -> Value:
+        """Give `old`'s name, in its graph, to `new` (or to an Identity of it); return the value that has it."""
+        graph = old.graph
         name = old.name
         self._rename(old, self._fresh_name(name + "_replaced"))
+        graph.dirty = True
         renamable = (
             new.producer is not None
             and new.graph is graph
@@ -708,24 +768,25 @@ class OnnxAdapter:
         )
         if renamable:
             self._rename(new, name)
-            graph.outputs[position] = new
-            new.output_of += (graph,)
-        else:
-            # An input, an initializer or another output cannot give up its
-            # name: bridge with Identity, placed last in the graph.
-            proto = helper.make_node("Identity", [new.name], [name], name=self._fresh_name(name + "_bridge"))
-            node = Node(proto, graph)
-            node.inputs = (new,)
-            new.uses.append(node)
-            if new.readers is not None:
-                new.readers += 1
-            node.outputs = (self._define(graph, name, node),)
-            node.outputs[0].shape, node.outputs[0].dtype = new.shape, new.dtype
-            graph.nodes.append(node)
-            graph.added.append(node)
-            graph.outputs[position] = node.outputs[0]
-            node.outputs[0].output_of += (graph,)
+            return new
+        # An input, an initializer or another output cannot give up its name.
+        return self._identity(graph, new, name)
+
+    def _identity(self, graph: Graph, new: Value, name: str) -> Value:
+        """A new Identity of `new` named `name`, placed last in `graph`; its output."""
+        proto = helper.make_node("Identity", [new.name], [name], name=self._fresh_name(name + "_bridge"))
+        node = Node(proto, graph)
+        node.inputs = (new,)
+        new.uses.append(node)
+        if new.readers is not None:
+            new.readers += 1
+        output = self._define(graph, name, node)
+        output.shape, output.dtype, output.contents = new.shape, new.dtype, new.contents
+        node.outputs = (output,)
+        graph.nodes.append(node)
+        graph.added.append(node)
         graph.dirty = True
+        return output
 
     def _rename(self, value: Value, name: str) -> None:
         graph = value.graph
@@ -993,7 +1054,7 @@ def _substitute(node: Node, old: Value, new: Value) -> int:
 
 
 def _is_output(value: Value) -> bool:
-    return bool(value.output_of)
+    return bool(value.output_of) or value.pinned
 
 
 def _collect_names(graph: onnx.GraphProto, names: set[str]) -> None:
@@ -1009,6 +1070,64 @@ def _collect_names(graph: onnx.GraphProto, names: set[str]) -> None:
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for subgraph in attribute.graphs:
                     _collect_names(subgraph, names)
+
+
+def training_names(model: onnx.ModelProto) -> frozenset[str]:
+    """The names of the main graph the model's training_info reads or binds.
+
+    A training graph may read any name of the inference graph, and each
+    binding names an initializer that training (or its initialization)
+    writes: none of them may be removed or renamed, nor such an initializer
+    taken as a constant.
+    """
+    names: set[str] = set()
+    for training in model.training_info:
+        for graph in (training.initialization, training.algorithm):
+            names.update(_free_names(graph))
+        names.update(binding.key for binding in training.initialization_binding)
+        names.update(binding.key for binding in training.update_binding)
+    return frozenset(names)
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s nodes (and their subgraphs') read that it does not define."""
+    defined = {info.name for info in graph.input} | {tensor.name for tensor in graph.initializer}
+    defined.update(tensor.values.name for tensor in graph.sparse_initializer)
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(name for name in node.input if name and name not in defined)
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                read.update(name for name in _free_names(subgraph) if name not in defined)
+        defined.update(node.output)
+    return read
+
+
+def _has_side_effects(domain: str, op_type: str, model: onnx.ModelProto, functions: dict, opset: int,
+                      visiting: set) -> bool:
+    """Whether an op of this type may do more than compute its outputs, so that it stays when they are unused.
+
+    Pure are the ops whose schema onnx knows at the model's version of
+    their domain (every standard op; a random one only draws numbers nobody
+    reads), and a call of a model-local function whose body is all pure.
+    Anything else, a custom domain's op above all (a `com.acme.Print`), may
+    write, print or keep state: it stays.
+    """
+    if domain in ("", "ai.onnx"):
+        return schema_at(op_type, opset) is None
+    function = functions.get((domain, op_type))
+    if function is not None:
+        if (domain, op_type) in visiting:
+            return True  # a function that calls itself: no claim made
+        visiting.add((domain, op_type))
+        versions = {entry.domain: entry.version for entry in function.opset_import}
+        return any(
+            not any(node.output) or _has_side_effects(
+                node.domain, node.op_type, model, functions, versions.get(node.domain or "", opset), visiting)
+            for node in function.node
+        )
+    version = next((entry.version for entry in model.opset_import if entry.domain == domain), None)
+    return version is None or schema_at(op_type, version, domain) is None
 
 
 # The opset from which each op broadcasts all its operands numpy's way.

@@ -88,6 +88,13 @@ def read_onnx(path: str | os.PathLike, *, lazy: bool = True) -> tuple[onnx.Model
     read. With `lazy=False` it is read into the model, as `onnx.load` does.
     A missing, truncated or non-ONNX file raises `OnnxFileError`.
     """
+    model, source = _read(path, lazy)
+    if source.lazy:
+        _track(model, source)
+    return model, source
+
+
+def _read(path: str | os.PathLike, lazy: bool) -> tuple[onnx.ModelProto, OnnxSource]:
     path = Path(path)
     if not path.is_file():
         raise OnnxFileError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
@@ -117,10 +124,17 @@ def read_onnx(path: str | os.PathLike, *, lazy: bool = True) -> tuple[onnx.Model
             onnx.load_external_data_for_model(model, str(path.parent))
     except Exception as error:
         raise OnnxFileError(f"{path}: cannot read its external data ({_first_line(error)})") from None
-    source = OnnxSource(path, data_files, lazy)
-    if lazy:
-        _track(model, source)
-    return model, source
+    return model, OnnxSource(path, data_files, lazy)
+
+
+def read_onnx_untracked(path: str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
+    """The model a lazy `read_onnx` of `path` returned, read again, and the folder of its external data.
+
+    Its external tensors stay on disk, and it is not tracked (`source_of`
+    knows nothing of it): a copy to replay a run on, which nothing writes.
+    """
+    model, source = _read(path, lazy=True)
+    return model, str(source.path.parent) if source.data_files else None
 
 
 def source_of(model: onnx.ModelProto) -> OnnxSource | None:

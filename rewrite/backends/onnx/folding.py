@@ -27,8 +27,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rewrite.backends.onnx.adapter import Node, OnnxAdapter, Value
+from rewrite.backends.onnx.adapter import Node, OnnxAdapter, Value, training_names
 from rewrite.engine.interfaces import ModelError
+from rewrite.engine.steps import Steps
 
 # Folded values up to this size become constants (1 MiB).
 DEFAULT_LIMIT_BYTES = 1 << 20
@@ -41,20 +42,27 @@ _NOT_FOLDED = frozenset({
 _INTEGER_KINDS = "iu"
 
 
-def fold_constants(adapter: OnnxAdapter, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> int:
-    """Replace every foldable node of every graph by `Constant`s; return how many were folded."""
+FOLDING = "constant folding"
+PRUNING = "dead-node pruning"
+
+
+def fold_constants(adapter: OnnxAdapter, limit_bytes: int = DEFAULT_LIMIT_BYTES, steps: Steps | None = None) -> int:
+    """Replace every foldable node of every graph by `Constant`s; return how many were folded.
+
+    `steps` records each fold (and stops at its limit, see `Steps`).
+    """
     folded = 0
     pending = list(adapter.top_blocks())
     while pending:
         graph = pending.pop()
         for node in list(adapter.operations(graph)):
             pending.extend(adapter.nested_blocks(node))
-            if adapter.is_live(node) and _fold(adapter, node, limit_bytes):
+            if adapter.is_live(node) and _fold(adapter, node, limit_bytes, steps):
                 folded += 1
     return folded
 
 
-def _fold(adapter: OnnxAdapter, node: Node, limit_bytes: int) -> bool:
+def _fold(adapter: OnnxAdapter, node: Node, limit_bytes: int, steps: Steps | None) -> bool:
     if node.proto.domain not in ("", "ai.onnx") or node.type in _NOT_FOLDED or node.blocks:
         return False
     outputs = [v for v in node.outputs if v is not None]
@@ -65,6 +73,8 @@ def _fold(adapter: OnnxAdapter, node: Node, limit_bytes: int) -> bool:
         arrays = _evaluated(adapter, node)
     if arrays is None or sum(a.nbytes for a in arrays) > limit_bytes:
         return False
+    if steps is not None:
+        steps.take(FOLDING)
     for value, array in zip(outputs, arrays):
         if adapter.has_uses(value):
             tensor = numpy_helper.from_array(array, value.name + "_folded")
@@ -136,8 +146,11 @@ def _dtype_name(array: np.ndarray) -> str:
     return {"float32": "fp32", "float16": "fp16", "float64": "fp64", "bool": "bool"}.get(name, name)
 
 
-def prune(adapter: OnnxAdapter) -> int:
-    """Remove nodes none of whose outputs is used, last first; return how many."""
+def prune(adapter: OnnxAdapter, steps: Steps | None = None) -> int:
+    """Remove nodes none of whose outputs is used and that have no side effects, last first; return how many.
+
+    `steps` records each removal (and stops at its limit, see `Steps`).
+    """
     removed = 0
     pending = list(adapter.top_blocks())
     while pending:
@@ -149,6 +162,8 @@ def prune(adapter: OnnxAdapter) -> int:
             if adapter.is_live(node) and not adapter.has_side_effects(node) and not any(
                 v is not None and adapter.has_uses(v) for v in node.outputs
             ):
+                if steps is not None:
+                    steps.take(PRUNING)
                 adapter.remove_op(node)
                 removed += 1
     return removed
@@ -169,12 +184,25 @@ def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
     return found
 
 
-def prune_model(model: onnx.ModelProto) -> int:
-    """Drop the initializers no node of any graph (nor a graph output) reads, and the value_info
-    of names no graph defines any more; return how many initializers went.
+def initializers_are_inputs(model: onnx.ModelProto) -> bool:
+    """Whether the model's IR version requires every initializer to be listed as a graph input (below 4)."""
+    return 0 < model.ir_version < 4
 
-    Entries are deleted where they are, never copied: a kept initializer may be a large weight.
+
+def prune_model(model: onnx.ModelProto, overridable_initializers: bool | None = None) -> int:
+    """Drop the initializers (sparse ones too) that no node of any graph, no graph output and no
+    training graph reads, and the value_info of names no graph defines any more; return how many
+    initializers went.
+
+    An initializer the graph lists as an input stays when it may be
+    overridden (`overridable_initializers`; None: from IR version 4 on): it
+    is then an input of the model with a default. Below IR 4, where every
+    initializer is listed so and each is a constant, an unread one goes
+    with its listing. Entries are deleted where they are, never copied: a
+    kept initializer may be a large weight.
     """
+    if overridable_initializers is None:
+        overridable_initializers = not initializers_are_inputs(model)
     graphs = _graphs(model)
     read: set[str] = set()
     defined: set[str] = set()
@@ -182,23 +210,42 @@ def prune_model(model: onnx.ModelProto) -> int:
         read.update(output.name for output in graph.output)
         defined.update(i.name for i in graph.input)
         defined.update(t.name for t in graph.initializer)
+        defined.update(t.values.name for t in graph.sparse_initializer)
         for node in graph.node:
             read.update(node.input)
             defined.update(node.output)
+    read |= training_names(model)
     removed = 0
     for graph in graphs:
         inputs = {i.name for i in graph.input}
-        for index in reversed(range(len(graph.initializer))):
-            name = graph.initializer[index].name
-            if name not in read and name not in inputs:
-                del graph.initializer[index]
-                defined.discard(name)
-                removed += 1
+        # Only the main graph's listings are the user's; a body's inputs are its op's to bind.
+        unlisted = not overridable_initializers and graph is model.graph
+        gone: set[str] = set()
+        for field, name_of in ((graph.initializer, _tensor_name), (graph.sparse_initializer, _sparse_name)):
+            for index in reversed(range(len(field))):
+                name = name_of(field[index])
+                if name not in read and (name not in inputs or unlisted):
+                    del field[index]
+                    defined.discard(name)
+                    gone.add(name)
+                    removed += 1
+        if gone & inputs:
+            for index in reversed(range(len(graph.input))):
+                if graph.input[index].name in gone:
+                    del graph.input[index]
     for graph in graphs:
         for index in reversed(range(len(graph.value_info))):
             if graph.value_info[index].name not in defined:
                 del graph.value_info[index]
     return removed
+
+
+def _tensor_name(tensor: onnx.TensorProto) -> str:
+    return tensor.name
+
+
+def _sparse_name(tensor: onnx.SparseTensorProto) -> str:
+    return tensor.values.name
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -207,10 +254,13 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
 
     Only `value` tensors move (sparse and attribute-referencing constants
     stay); the tensor takes the node's output name, so every reader finds it.
-    Nodes are deleted where they are, never copied.
+    Below IR version 4 an initializer must be listed as a graph input: the
+    main graph's are, and a body's Constants stay nodes (its inputs are its
+    op's to bind). Nodes are deleted where they are, never copied.
     """
+    listed = initializers_are_inputs(model)
     moved = 0
-    for graph in _graphs(model):
+    for graph in [model.graph] if listed else _graphs(model):
         positions = []
         for index, node in enumerate(graph.node):
             if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
@@ -221,6 +271,9 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
             initializer = graph.initializer.add()
             initializer.CopyFrom(attribute.t)
             initializer.name = node.output[0]
+            if listed:
+                graph.input.append(helper.make_tensor_value_info(
+                    initializer.name, initializer.data_type, list(initializer.dims)))
             positions.append(index)
         for index in reversed(positions):
             del graph.node[index]

@@ -105,6 +105,35 @@ def read_tensor(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
         raise UnreadableTensor(_why_unreadable(tensor, error)) from None
 
 
+# The most elements a sparse initializer may have to be read as a dense array
+# (4 MiB of float32): a rule needs a few; a sparse weight stays sparse.
+SPARSE_READ_LIMIT = 1 << 20
+
+
+def read_sparse_tensor(tensor: onnx.SparseTensorProto, base_dir: str | None) -> np.ndarray | None:
+    """A sparse tensor as a dense array, None past `SPARSE_READ_LIMIT` elements;
+    `UnreadableTensor` if its indices do not fit its shape."""
+    dims = [int(d) for d in tensor.dims]
+    size = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if size > SPARSE_READ_LIMIT or any(d < 0 for d in dims):
+        return None
+    values = read_tensor(tensor.values, base_dir).reshape(-1)
+    indices = read_tensor(tensor.indices, base_dir).astype(np.int64) if tensor.indices.dims else np.zeros(
+        (0,), np.int64)
+    if indices.ndim == 2 and indices.shape[0] == values.size and indices.shape[1] == len(dims):
+        flat = np.ravel_multi_index(tuple(indices.T), dims) if values.size else np.zeros((0,), np.int64)
+    elif indices.ndim == 1 and indices.size == values.size:
+        flat = indices
+    else:
+        raise UnreadableTensor(f"its indices of shape {list(indices.shape)} do not fit {values.size} values "
+                               f"of a tensor of shape {dims}")
+    if flat.size and (flat.min() < 0 or flat.max() >= size):
+        raise UnreadableTensor(f"an index lies outside its shape {dims}")
+    dense = np.zeros(size, dtype=values.dtype)
+    dense[flat] = values
+    return dense.reshape(dims)
+
+
 def _why_unreadable(tensor: onnx.TensorProto, error: Exception) -> str:
     # numpy's own words ("buffer size must be a multiple of element size")
     # do not say which sizes disagree; for plain raw data they can be told.
@@ -145,10 +174,9 @@ def constant_of(value: Value, base_dir: str | None) -> np.ndarray | None:
     Raises `UnreadableTensor` for a tensor whose data is corrupt.
     """
     if value.initializer is not None:
-        # An initializer of the main graph that is also a graph input can be
-        # overridden at run time: not a constant.
-        if any(info.name == value.name for info in value.graph.proto.input):
-            return None
+        # (One a user may override at run time is indexed as an input alone.)
+        if isinstance(value.initializer, onnx.SparseTensorProto):
+            return read_sparse_tensor(value.initializer, base_dir)
         return read_tensor(value.initializer, base_dir)
     node = value.producer
     if node is None or node.type != "Constant":
