@@ -579,6 +579,8 @@ class OnnxAdapter:
         if tensor is None and value.producer is not None and value.producer.type == "Constant":
             tensor = next((a.t for a in value.producer.proto.attribute if a.name == "value" and a.HasField("t")),
                           None)
+        if isinstance(tensor, onnx.SparseTensorProto):
+            return self._left_on_disk(tensor.values) or self._left_on_disk(tensor.indices)
         return tensor is not None and self._left_on_disk(tensor)
 
     def _left_on_disk(self, tensor: onnx.TensorProto) -> bool:
