@@ -46,6 +46,7 @@ class RuleSet:
         check_types: bool = False,
         progress: Progress | None = None,
         count_ops: bool = False,
+        steps: Steps | None = None,
     ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
@@ -55,13 +56,15 @@ class RuleSet:
         consumers' types and a change raises `UnsoundRewriteError` naming the
         rule (slower; for developing and testing rules). With `count_ops`,
         the statistics carry `ops_before` and `ops_after` (nested blocks
-        included).
+        included). `steps` records each rewrite by its rule's name, and
+        stops the run at its limit (see `rewrite.engine.steps`).
         """
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types)
             try:
                 return self.apply_with(
-                    adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops, check_types=check_types
+                    adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops, check_types=check_types,
+                    steps=steps,
                 )
             finally:
                 release = getattr(adapter, "release", None)  # an index of its own, now done with

@@ -198,6 +198,12 @@ class _Model:
         except ModelError as error:
             raise UserError(str(error)) from None
 
+    def reload_program(self):
+        """The MIL program as the package holds it, loaded again."""
+        from rewrite.backends.mil import load_mlpackage
+
+        return load_mlpackage(self.path)[0]
+
     def reread(self):
         """The ONNX model as its file holds it, and the folder of its external data (left there)."""
         from rewrite.backends.onnx.files import read_onnx_untracked
@@ -395,14 +401,18 @@ def _apply(arguments) -> int:
                 statistics = result.statistics
                 _note_initializers(result)
             else:
-                statistics = rule_set.apply(model.program, progress=bar, **options)
+                from rewrite.mil import apply as apply_mil
+
+                statistics = apply_mil(model.program, rule_set, original=model.reload_program, progress=bar,
+                                       **options)
         except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
             raise UserError(str(error)) from None
         except ModelError as error:
+            from rewrite.backends.mil.validation import InvalidProgramError
             from rewrite.backends.onnx.validation import InvalidOutputError
 
-            raise UserError(f"{error}; nothing was written" if isinstance(error, InvalidOutputError) else str(error)
-                            ) from None
+            invalid = isinstance(error, (InvalidOutputError, InvalidProgramError))
+            raise UserError(f"{error}; nothing was written" if invalid else str(error)) from None
         finally:
             if bar is not None:
                 bar.close()

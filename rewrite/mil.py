@@ -18,10 +18,14 @@ non-negative.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rewrite.api import RuleSet, load_rules
-from rewrite.backends.mil import ct, register_graph_pass
+from rewrite.backends.mil import Program, ct, register_graph_pass
+from rewrite.backends.mil import validation as mil_validation
+from rewrite.engine.driver import Statistics
+from rewrite.engine.steps import StepLimitReached, Steps, first_breaking_step
 
 
 @dataclass(frozen=True)
@@ -155,3 +159,47 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
             index = 0 if not group.after else len(passes)
         pipeline.insert_pass(index, group.name)
     return pipeline
+
+
+def apply(
+    program: Program,
+    rules: RuleSet | None = None,
+    *,
+    validate: bool = True,
+    original: Callable[[], Program] | None = None,
+    **apply_options,
+) -> Statistics:
+    """Rewrite `program` in place with `rules` (default: the shipped MIL rules), as `RuleSet.apply` does.
+
+    With `validate`, the result must pass coremltools' `Program.validate`
+    if the program did; if it does not, `InvalidProgramError` names the rule
+    whose rewrite broke it, found by replaying the run on `original()` (the
+    program again, as it was: the CLI loads its package again). Without
+    `original` the error names only the rules that fired. The program is
+    then not to be used.
+    """
+    rules = rules if rules is not None else load_rules(dialects=["mil"])
+    statistics = rules.apply(program, **apply_options)
+    if not validate or not statistics.fires:
+        return statistics  # nothing changed: whatever validation finds is no change of ours
+    found = mil_validation.problem(program)
+    if found is None:
+        return statistics
+    fired = ", ".join(name for name, rule in statistics.rules.items() if rule.fires)
+    if original is None:
+        raise mil_validation.InvalidProgramError(found, None, None, f"the run, in which fired {fired}")
+    if mil_validation.problem(original()) is not None:
+        return statistics  # it was not valid to begin with: no promise to keep
+    quiet = {**apply_options, "progress": None}
+
+    def replay(steps: Steps) -> Program:
+        copy = original()
+        try:
+            rules.apply(copy, steps=steps, **quiet)
+        except StepLimitReached:
+            pass
+        return copy
+
+    culprit = first_breaking_step(replay, statistics.fires, mil_validation.problem)
+    step, maker = culprit if culprit is not None else (None, None)
+    raise mil_validation.InvalidProgramError(found, maker, step)

@@ -26,7 +26,16 @@ def register_graph_pass(rules, name: str, *, override: bool = True) -> str:
         last_statistics = None
 
         def apply(self, program):
-            type(self).last_statistics = self.rule_set.apply(program)
+            from rewrite.backends.mil.validation import InvalidProgramError, problem
+
+            statistics = type(self).last_statistics = self.rule_set.apply(program)
+            if statistics.fires:
+                # coremltools' later passes and its backend would fail on a
+                # malformed program with words of their own: say whose it is.
+                found = problem(program)
+                if found is not None:
+                    fired = ", ".join(n for n, rule in statistics.rules.items() if rule.fires)
+                    raise InvalidProgramError(found, None, None, f"the graph pass '{name}', in which fired {fired}")
 
     RuleSetPass.__name__ = pass_name
     RuleSetPass.__qualname__ = pass_name
