@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -265,9 +265,10 @@ def optimize(
     from `original()`, which returns the input again with the folder of its
     external data, if cheaper: the CLI reads its file again).
     """
+    plan = _Plan(opset, rules if rules is not None else _shipped_rules(), fold, prune_dead, fold_limit_bytes,
+                 max_rounds, constants_as_initializers, overridable_initializers, apply_options)
     if not validate:
-        return _optimize(model, onnx_files.base_dir_of(model), opset, rules, fold, prune_dead, fold_limit_bytes,
-                         max_rounds, constants_as_initializers, overridable_initializers, apply_options, None)
+        return plan.run(model, onnx_files.base_dir_of(model), None)
     if original is None:
         snapshot, snapshot_dir = _copy(model), onnx_files.base_dir_of(model)
 
@@ -275,21 +276,21 @@ def optimize(
             return _copy(snapshot), snapshot_dir
 
     steps = Steps()
-    result = _optimize(model, onnx_files.base_dir_of(model), opset, rules, fold, prune_dead, fold_limit_bytes,
-                       max_rounds, constants_as_initializers, overridable_initializers, apply_options, steps)
+    result = plan.run(model, onnx_files.base_dir_of(model), steps)
+    if not steps.taken:
+        return result  # the model is the one given
     found = validation.problem(model)
     if found is None:
         return result
     source, base_dir = original()
     if validation.problem(source) is not None:
         return result  # it was not valid to begin with: no promise to keep
-    quiet = {**apply_options, "progress": None}
+    quiet = replace(plan, apply_options={**apply_options, "progress": None})
 
     def replay(limit: Steps) -> onnx.ModelProto:
         copy = _copy(source)
         try:
-            _optimize(copy, base_dir, opset, rules, fold, prune_dead, fold_limit_bytes, max_rounds,
-                      constants_as_initializers, overridable_initializers, quiet, limit)
+            quiet.run(copy, base_dir, limit)
         except ModelError:
             pass  # a replay that fails as the run did not is no evidence either way
         return copy
@@ -306,50 +307,72 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _optimize(
-    model, base_dir, opset, rules, fold, prune_dead, fold_limit_bytes, max_rounds, constants_as_initializers,
-    overridable_initializers, apply_options, steps: Steps | None,
-) -> OptimizeResult:
-    """One run of `optimize`, without its validation; stops quietly at `steps.limit`."""
-    rules = rules if rules is not None else _shipped_rules()
-    result = OptimizeResult(nodes_before=count_nodes(model))
-    try:
-        if opset is not None and default_opset(model) != opset:
-            if steps is not None:
-                steps.take(f"the conversion to opset {opset}")
-            convert_opset(model, opset)
+@dataclass(frozen=True)
+class _Plan:
+    """What one run of `optimize` does, so that it can be run again the same way (a replay)."""
+
+    opset: int | None
+    rules: RuleSet
+    fold: bool
+    prune_dead: bool
+    fold_limit_bytes: int
+    max_rounds: int
+    constants_as_initializers: bool
+    overridable_initializers: bool | None
+    apply_options: dict
+
+    def run(self, model: onnx.ModelProto, base_dir: str | None, steps: Steps | None) -> OptimizeResult:
+        """Optimize `model` in place, without validation; stop quietly at `steps.limit`."""
+        result = OptimizeResult(nodes_before=count_nodes(model))
+        try:
+            if self.opset is not None and default_opset(model) != self.opset:
+                _take(steps, f"the conversion to opset {self.opset}")
+                convert_opset(model, self.opset)
+            self._rounds(model, base_dir, steps, result)
+            if self.prune_dead:
+                _take(steps, "the pruning of unread initializers")
+                result.pruned_initializers = prune_model(model, result.overridable_initializers)
+                _made(steps, result.pruned_initializers)
+            if self.constants_as_initializers:
+                _take(steps, "the moving of Constants to initializers")
+                result.constants_moved = constants_to_initializers(model)
+                _made(steps, result.constants_moved)
+        except StepLimitReached:
+            pass
+        result.nodes_after = count_nodes(model)
+        result.statistics.ops_before, result.statistics.ops_after = result.nodes_before, result.nodes_after
+        return result
+
+    def _rounds(self, model, base_dir, steps: Steps | None, result: OptimizeResult) -> None:
+        """Folding, the rules and pruning, round after round, over one index of the model."""
         with paused_garbage_collection():
-            adapter = OnnxAdapter(model, base_dir, overridable_initializers=overridable_initializers)
+            adapter = OnnxAdapter(model, base_dir, overridable_initializers=self.overridable_initializers)
             result.overridable_initializers = adapter.overridable_initializers
             listed = {info.name for info in model.graph.input}
             result.listed_initializers = sum(tensor.name in listed for tensor in model.graph.initializer)
             try:
-                for _ in range(max_rounds):
+                for _ in range(self.max_rounds):
                     result.rounds += 1
-                    folded = fold_constants(adapter, fold_limit_bytes, steps) if fold else 0
+                    folded = fold_constants(adapter, self.fold_limit_bytes, steps) if self.fold else 0
                     result.folded += folded
-                    statistics = rules.apply_with(adapter, steps=steps, **apply_options)
+                    statistics = self.rules.apply_with(adapter, steps=steps, **self.apply_options)
                     _add(result.statistics, statistics)
-                    pruned = prune(adapter, steps) if prune_dead else 0
+                    pruned = prune(adapter, steps) if self.prune_dead else 0
                     result.pruned_nodes += pruned
                     if not folded and not statistics.fires and not pruned:
                         break
-                adapter.finish()
-            except StepLimitReached:
-                adapter.finish()  # the first changes, up to the limit, are what a replay returns
-                raise
             finally:
+                # What changed so far is written back, at the limit too: a replay returns it.
+                adapter.finish()
                 adapter.release()
-        if prune_dead:
-            if steps is not None:
-                steps.take("the pruning of unread initializers")
-            result.pruned_initializers = prune_model(model, result.overridable_initializers)
-        if constants_as_initializers:
-            if steps is not None:
-                steps.take("the moving of Constants to initializers")
-            result.constants_moved = constants_to_initializers(model)
-    except StepLimitReached:
-        pass
-    result.nodes_after = count_nodes(model)
-    result.statistics.ops_before, result.statistics.ops_after = result.nodes_before, result.nodes_after
-    return result
+
+
+def _take(steps: Steps | None, maker: str) -> None:
+    if steps is not None:
+        steps.take(maker)
+
+
+def _made(steps: Steps | None, changes: int) -> None:
+    """A step taken changed nothing: it is no change to count (nor to blame)."""
+    if steps is not None and not changes:
+        steps.taken.pop()
