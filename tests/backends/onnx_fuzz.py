@@ -83,7 +83,7 @@ class Builder:
         kinds = ["unary", "binary", "by_one", "div_one", "cast", "reshape", "expand", "transpose", "dropout",
                  "max_self", "pad", "clip", "slice", "concat", "reduce", "softmax", "where", "function"]
         if self.depth < 2:
-            kinds += ["if", "loop", "scan"]
+            kinds += ["if", "loop", "scan", "carried"]
         getattr(self, "_" + self.random.choice(kinds))(scope)
 
     def _unary(self, scope):
@@ -251,6 +251,33 @@ class Builder:
         self.emit(scope, "ReduceSum", [stacked, self.constant(scope, np.array([0], np.int64))], shapes[0],
                   keepdims=0)
 
+    def _carried(self, scope):
+        """A Loop carrying one value, which the body may hand on through a no-op (its own input, returned)."""
+        initial, shape = self.pick(scope)
+        trips = self.constant(scope, np.array(2, np.int64))
+        iteration, condition, carried = self.name("i"), self.name("cond"), self.name("carried")
+        body = Scope(parent=scope)
+        body.values[carried] = shape
+        self.depth += 1
+        for _ in range(self.random.randint(0, 3)):
+            self.step(body)
+        self.depth -= 1
+        last, _ = self.pick(body, [shape]) if self.random.random() < 0.7 else (carried, shape)
+        condition_out = self.name("cond_out")
+        handed_on = self.emit(body, self.random.choice(["Identity", "Relu", "Abs"]), [last], shape)
+        if self.random.random() < 0.5:  # a no-op a rule removes, leaving the body's input as its output
+            handed_on = self.emit(body, "Mul", [carried, self.constant(body, np.ones((1,), np.float32))], shape)
+        graph = helper.make_graph(
+            [helper.make_node("Identity", [condition], [condition_out]), *body.nodes], self.name("carry"),
+            [helper.make_tensor_value_info(iteration, TensorProto.INT64, []),
+             helper.make_tensor_value_info(condition, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(carried, TensorProto.FLOAT, self.dims(shape))],
+            [helper.make_tensor_value_info(condition_out, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(handed_on, TensorProto.FLOAT, self.dims(shape))],
+            body.initializers,
+        )
+        self.emit(scope, "Loop", [trips, "", initial], shape, body=graph)
+
     def _rename_condition(self, body: onnx.GraphProto) -> None:
         fresh = self.name("cond_out")
         for node in body.node:
@@ -287,21 +314,17 @@ def random_model(seed: int) -> onnx.ModelProto:
     main.values["y"] = (B, 1)
     for _ in range(builder.random.randint(3, 12)):
         builder.step(main)
-    outputs = [name for name, _ in list(main.values.items())[-2:]]
+    outputs = list(main.values.items())[-2:]
     graph = helper.make_graph(
         main.nodes, f"fuzz{seed}",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch" if d == B else d for d in shape])
+         for name, shape in outputs],
         main.initializers,
     )
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("local", 1)] if builder.functions else [])
     model = helper.make_model(graph, opset_imports=opsets, functions=builder.functions)
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {info.name: info.type for info in [*inferred.graph.value_info, *inferred.graph.output]}
-    for output in model.graph.output:
-        if output.name in types:
-            output.type.CopyFrom(types[output.name])
     return model
 
 

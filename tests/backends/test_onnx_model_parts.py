@@ -338,3 +338,25 @@ def test_the_cli_says_which_semantics_it_used(tmp_path, capsys):
     assert main(["apply", str(source), "-o", str(tmp_path / "b.onnx"), "--overridable-initializers"]) == 0
     assert "kept as inputs a user may override" in capsys.readouterr().err
     assert count_nodes(onnx.load(tmp_path / "b.onnx")) == 3
+
+
+# ------------------------------------------------------------------ quantized models
+
+
+def test_a_qdq_model_keeps_its_weights_quantized():
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.integers(-100, 100, (16, 16)).astype(np.int8), "wq"),
+                    numpy_helper.from_array(np.array(0.02, np.float32), "scale"),
+                    numpy_helper.from_array(np.array(0, np.int8), "zero")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "scale", "zero"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "scale", "zero"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", FLOAT, [2, 16])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    before = _copy(model)
+    optimize(model)
+    assert [node.op_type for node in model.graph.node] == [node.op_type for node in nodes]
+    assert {t.name: t.data_type for t in model.graph.initializer}["wq"] == TensorProto.INT8
+    _same(before, model, {"x": rng.standard_normal((2, 16)).astype(np.float32)})

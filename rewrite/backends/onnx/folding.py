@@ -34,10 +34,15 @@ from rewrite.engine.steps import Steps
 # Folded values up to this size become constants (1 MiB).
 DEFAULT_LIMIT_BYTES = 1 << 20
 
-# Ops that are not functions of their inputs alone.
+# Ops that are not functions of their inputs alone; and DequantizeLinear,
+# which is: but a quantized model keeps its weights quantized, each
+# dequantized at its use (the QDQ format a quantizing runtime fuses), and
+# folding would store them as floats four times the size (onnxruntime's own
+# folding leaves it too).
 _NOT_FOLDED = frozenset({
     "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
     "Constant", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty", "Optional", "OptionalGetElement",
+    "DequantizeLinear",
 })
 _INTEGER_KINDS = "iu"
 
