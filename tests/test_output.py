@@ -390,3 +390,13 @@ def test_an_exchange_by_renames_that_fails_puts_the_old_package_back(tmp_path, m
     assert len(calls) == 3
     assert (tmp_path / "out.mlpackage" / "Manifest.json").read_text() == "old"
     assert _staging_folders(tmp_path) == []
+
+
+def test_modes_that_cannot_be_set_are_an_output_error_and_leave_nothing(tmp_path, monkeypatch):
+    def refuse(path, mode, *args, **options):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "chmod", refuse)
+    with pytest.raises(output.OutputError, match=r"could not set the output's modes \(Operation not permitted\)"):
+        output.publish(_file_target(tmp_path), lambda path: path.write_bytes(b"model"))
+    assert list(tmp_path.iterdir()) == []
