@@ -19,8 +19,11 @@ it, and tests/test_output.py checks each sentence):
   rename, and the new pair is valid after it.
 - Whatever goes wrong, a signal included, the staging folder and any
   companion not yet referenced are removed. Only SIGKILL or a power loss
-  can leave a hidden `.rewrite-staging-*` folder behind, and even then the
-  destination is the old model or the new one, never neither.
+  can leave a hidden `.rewrite-staging-*` folder behind unannounced, and
+  even then the destination is the old model or the new one, never neither.
+- Nothing is left behind silently: a staging folder, companion or replaced
+  data file that cannot be removed is named in a warning (the write itself
+  still succeeds or fails as it would have).
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ STAGING_PREFIX = ".rewrite-staging-"
 
 class OutputError(Exception):
     """The output cannot be written where asked; nothing was changed."""
+
+
+class ReplacedPackageStranded(OSError):
+    """An exchange by two renames failed halfway and could not be undone.
+
+    The replaced package is at `parked` (inside the staging folder), and
+    nothing is at the destination: `publish` keeps the folder and says so.
+    """
+
+    def __init__(self, cause: OSError, parked: Path):
+        super().__init__(cause.errno, cause.strerror or str(cause), str(parked))
+        self.parked = parked
 
 
 @dataclass(frozen=True)
@@ -139,11 +154,17 @@ def free_companion_name(target: Target, suffix: str, avoid: Collection[Path] = (
             return name
 
 
+def warn_on_stderr(message: str) -> None:
+    """`publish`'s default `warn`: one line on stderr, as the CLI words its notes."""
+    print(f"rewrite: warning: {message}", file=sys.stderr)
+
+
 def publish(
     target: Target,
     write: Callable[[Path], None],
     *,
     obsolete: Collection[Path] = (),
+    warn: Callable[[str], None] = warn_on_stderr,
 ) -> None:
     """Write through `write(staged_path)` and move the result to `target`.
 
@@ -153,10 +174,15 @@ def publish(
     replaced model's old external data, which nothing now references) are
     removed. Raises `OutputError` if anything fails; the destination is then
     as it was.
+
+    Whatever of ours cannot be removed afterwards, on success or failure (the
+    staging folder, a companion linked in for a model that did not go in, an
+    obsolete file), is named in a call of `warn`: a leftover is never silent.
     """
     parent = target.path.parent
     staging = _make_staging(parent)
     linked: list[Path] = []
+    keep_staging = False
     try:
         staged = staging / target.path.name
         try:
@@ -168,7 +194,10 @@ def publish(
         if not os.path.lexists(staged):
             raise OutputError(f"{target.path}: the model writer produced nothing")
         companions = sorted(p for p in staging.iterdir() if p.name != staged.name)
-        _set_modes(staged, companions, target)
+        try:
+            _set_modes(staged, companions, target)
+        except OSError as error:
+            raise OutputError(f"{target.path}: could not set the output's modes ({_reason(error)})") from None
         _sync_tree(staging)
         with _signals_deferred():
             try:
@@ -177,19 +206,48 @@ def publish(
                     FILESYSTEM.link_new(companion, destination)
                     linked.append(destination)
                 _install(staged, target, staging)
+            except ReplacedPackageStranded as error:
+                # The old package is the only copy of the user's model now:
+                # removing the staging folder would lose it.
+                keep_staging = True
+                raise OutputError(
+                    f"{target.path}: could not move the model into place ({_reason(error)}), nor put the "
+                    f"replaced package back; it is kept at {error.parked}: move it back to {target.path}"
+                ) from None
             except OSError as error:
                 raise OutputError(f"{target.path}: could not move the model into place ({_reason(error)})") from None
             linked.clear()  # now referenced by the model in place
             FILESYSTEM.sync_directory(parent)
             for old in obsolete:
-                with contextlib.suppress(OSError):
-                    FILESYSTEM.remove(old)
+                _remove_or_warn(old, "the replaced model's data file, which nothing references now", warn)
     finally:
         with _signals_deferred():
             for path in linked:
-                with contextlib.suppress(OSError):
-                    FILESYSTEM.remove(path)
-            FILESYSTEM.remove_tree(staging)
+                _remove_or_warn(path, "a data file written for an output that was not put in place", warn)
+            if not keep_staging:
+                _remove_tree_or_warn(staging, warn)
+
+
+def _remove_or_warn(path: Path, what: str, warn: Callable[[str], None]) -> None:
+    try:
+        FILESYSTEM.remove(path)
+    except FileNotFoundError:
+        pass  # already gone: nothing is left behind
+    except OSError as error:
+        warn(f"could not remove {path} ({_reason(error)}); it is {what}, and safe to delete")
+
+
+def _remove_tree_or_warn(staging: Path, warn: Callable[[str], None]) -> None:
+    reason = None
+    try:
+        FILESYSTEM.remove_tree(staging)
+    except OSError as error:
+        reason = _reason(error)
+    # Looked at whatever the removal said: a partial removal may report nothing.
+    if os.path.lexists(staging):
+        because = f" ({reason})" if reason else ""
+        warn(f"could not remove the staging folder {staging}{because}; nothing in it is needed, "
+             "and it is safe to delete")
 
 
 def _make_staging(parent: Path) -> Path:
@@ -381,8 +439,11 @@ class Filesystem:
         os.rename(destination, parked)
         try:
             os.rename(source, destination)
-        except OSError:
-            os.rename(parked, destination)
+        except OSError as error:
+            try:
+                os.rename(parked, destination)
+            except OSError:
+                raise ReplacedPackageStranded(error, parked) from error
             raise
         os.rename(parked, source)
 
@@ -390,7 +451,20 @@ class Filesystem:
         os.unlink(path)
 
     def remove_tree(self, path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        """Remove as much of `path` as can be; raise the first error if some of it stays."""
+        errors: list[OSError] = []
+
+        def record(function, name, error) -> None:
+            error = error if isinstance(error, BaseException) else error[1]  # onexc gives it, onerror a triple
+            if not isinstance(error, FileNotFoundError):
+                errors.append(error)
+
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=record)
+        else:
+            shutil.rmtree(path, onerror=record)
+        if errors and os.path.lexists(path):
+            raise errors[0]
 
     def sync_file(self, path: Path) -> None:
         with contextlib.suppress(OSError):

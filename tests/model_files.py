@@ -7,6 +7,7 @@ model from the new one, and values to check the new one against.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -69,6 +70,17 @@ def mil_package(directory: Path, name: str = "model.mlpackage") -> Path:
     path = directory / name
     shutil.copytree(MIL_EXAMPLE, path)
     return path
+
+
+def package_spec(package: Path):
+    """The model spec of an `.mlpackage`, read without coremltools' ModelPackage."""
+    from rewrite.backends.mil import ct
+
+    manifest = json.loads((package / "Manifest.json").read_text())
+    entry = manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]
+    spec = ct.proto.Model_pb2.Model()
+    spec.ParseFromString((package / "Data" / entry["path"]).read_bytes())
+    return spec
 
 
 def tree_state(path: Path) -> dict[str, tuple]:

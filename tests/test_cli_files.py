@@ -104,6 +104,48 @@ def test_an_earlier_output_package_is_replaced_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.mlpackage", "out.mlpackage"]
 
 
+def test_a_replaced_package_whose_old_tree_cannot_be_removed_is_named_in_a_warning(tmp_path, monkeypatch, capsys):
+    from rewrite import output as output_module
+    from rewrite.backends.mil.reference import evaluate
+
+    source = mil_package(tmp_path)
+    output = tmp_path / "out.mlpackage"
+    assert cli.main(["apply", str(source), "-o", str(output)]) == 0
+    capsys.readouterr()
+    (output / "stale.txt").write_text("from the last run")
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    # As root, no mode stops a removal: make the removal itself fail.
+    monkeypatch.setattr(output_module.FILESYSTEM, "remove_tree", refuse)
+    assert cli.main(["apply", str(source), "-o", str(output)]) == 0
+    error = capsys.readouterr().err
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(output_module.STAGING_PREFIX)]
+    assert len(left) == 1
+    assert f"rewrite: warning: could not remove the staging folder {left[0]} (Permission denied)" in error
+    assert "Traceback" not in error
+    assert (left[0] / "out.mlpackage" / "stale.txt").exists()  # what it holds is the replaced package
+    # The new package is in place, whole, and computes what the input does.
+    assert not (output / "stale.txt").exists()
+    inputs = {"x": np.random.default_rng(5).normal(size=(3, 16))}
+    before, after = load_mlpackage(source)[0], load_mlpackage(output)[0]
+    assert count_ops(before, "tile") == 1 and count_ops(after, "tile") == 0
+    assert count_ops(after) < count_ops(before)
+    np.testing.assert_allclose(evaluate(after, inputs)["y"], evaluate(before, inputs)["y"], rtol=1e-6)
+
+
+def test_a_replaced_package_gives_no_warning_when_its_old_tree_goes(tmp_path, capsys):
+    from rewrite import output as output_module
+
+    source = mil_package(tmp_path)
+    output = tmp_path / "out.mlpackage"
+    assert cli.main(["apply", str(source), "-o", str(output)]) == 0
+    assert cli.main(["apply", str(source), "-o", str(output)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert not any(p.name.startswith(output_module.STAGING_PREFIX) for p in tmp_path.iterdir())
+
+
 def test_output_inside_the_input_package_or_around_it_is_refused(tmp_path):
     outer = mil_package(tmp_path, "outer.mlpackage")
     inner = mil_package(outer, "inner.mlpackage")

@@ -201,3 +201,202 @@ def test_a_signal_while_writing_removes_the_staging_folder(tmp_path):
         process.send_signal(number)
         assert process.wait(timeout=60) == 128 + number
         assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------ leftovers are named
+
+
+def _file_target(folder: Path, name: str = "out.onnx") -> output.Target:
+    return output.resolve_target(folder / name, package=False, input_path=folder / "in.onnx",
+                                 input_files=(), in_place=False)
+
+
+def _package_target(folder: Path) -> output.Target:
+    return output.resolve_target(folder / "out.mlpackage", package=True, input_path=folder / "in.mlpackage",
+                                 input_files=(), in_place=False)
+
+
+def _write_package(tag: str):
+    def write(path: Path) -> None:
+        path.mkdir()
+        (path / "Manifest.json").write_text(tag)
+
+    return write
+
+
+def _staging_folders(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name.startswith(output.STAGING_PREFIX)]
+
+
+def test_remove_tree_removes_what_it_can_and_raises_for_what_stays(tmp_path, monkeypatch):
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for name in ("a", "stuck", "b"):
+        (tree / "sub" / name).write_text(name)
+    unlink = os.unlink
+
+    def stuck_unlink(path, *args, **options):
+        if os.fsdecode(path).endswith("stuck"):
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return unlink(path, *args, **options)
+
+    monkeypatch.setattr(os, "unlink", stuck_unlink)
+    with pytest.raises(PermissionError):
+        output.FILESYSTEM.remove_tree(tree)
+    assert sorted(p.name for p in tree.rglob("*")) == ["stuck", "sub"]
+    monkeypatch.setattr(os, "unlink", unlink)
+    output.FILESYSTEM.remove_tree(tree)  # nothing stuck: gone, no error
+    assert not tree.exists()
+    output.FILESYSTEM.remove_tree(tree)  # already gone is no error either
+
+
+@pytest.mark.parametrize("failure", ["raises", "silent"])
+def test_a_staging_folder_left_after_a_replace_is_named(tmp_path, monkeypatch, failure):
+    target = _package_target(tmp_path)
+    output.publish(target, _write_package("old"))
+    target = _package_target(tmp_path)
+
+    def refuse(path):
+        if failure == "raises":
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(output.FILESYSTEM, "remove_tree", refuse)
+    warnings = []
+    output.publish(target, _write_package("new"), warn=warnings.append)
+    assert (tmp_path / "out.mlpackage" / "Manifest.json").read_text() == "new"
+    [left] = _staging_folders(tmp_path)
+    [warning] = warnings
+    assert str(left) in warning and "safe to delete" in warning
+    assert ("(Permission denied)" in warning) == (failure == "raises")
+
+
+def test_a_staging_folder_left_after_a_failed_write_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(output.FILESYSTEM, "remove_tree", lambda path: None)
+
+    def write(path: Path) -> None:
+        path.write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    warnings = []
+    with pytest.raises(output.OutputError, match="could not write the model"):
+        output.publish(_file_target(tmp_path), write, warn=warnings.append)
+    [left] = _staging_folders(tmp_path)
+    assert [str(left) in w for w in warnings] == [True]
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_the_default_warning_goes_to_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(output.FILESYSTEM, "remove_tree", lambda path: None)
+    output.publish(_file_target(tmp_path), lambda path: path.write_bytes(b"model"))
+    [left] = _staging_folders(tmp_path)
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"rewrite: warning: could not remove the staging folder {left}")
+    assert captured.out == ""
+
+
+def test_a_companion_that_cannot_be_unlinked_after_a_failed_move_is_named(tmp_path, monkeypatch):
+    def write(path: Path) -> None:
+        path.write_bytes(b"model")
+        (path.parent / "out.onnx.data").write_bytes(b"data")
+
+    def refuse_replace(source, destination):
+        raise OSError(5, "Input/output error", str(destination))
+
+    def refuse_remove(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(output.FILESYSTEM, "replace", refuse_replace)
+    monkeypatch.setattr(output.FILESYSTEM, "remove", refuse_remove)
+    warnings = []
+    with pytest.raises(output.OutputError, match="could not move the model into place"):
+        output.publish(_file_target(tmp_path), write, warn=warnings.append)
+    companion = tmp_path / "out.onnx.data"
+    assert companion.read_bytes() == b"data" and not (tmp_path / "out.onnx").exists()
+    [warning] = warnings
+    assert f"could not remove {companion} (Permission denied)" in warning
+    assert _staging_folders(tmp_path) == []  # the staging folder itself did go
+
+
+def test_an_obsolete_data_file_that_cannot_be_removed_is_named(tmp_path, monkeypatch):
+    old_data = tmp_path / "old.data"
+    old_data.write_bytes(b"old weights")
+    gone = tmp_path / "gone.data"  # already removed by someone: nothing to say
+
+    def refuse_remove(path):
+        if path == old_data:
+            raise PermissionError(13, "Permission denied", str(path))
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(output.FILESYSTEM, "remove", refuse_remove)
+    warnings = []
+    output.publish(_file_target(tmp_path), lambda path: path.write_bytes(b"model"),
+                   obsolete=[old_data, gone], warn=warnings.append)
+    assert (tmp_path / "out.onnx").read_bytes() == b"model"
+    [warning] = warnings
+    assert f"could not remove {old_data} (Permission denied)" in warning
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.data", "out.onnx"]
+
+
+def test_nothing_is_warned_when_everything_is_cleaned_up(tmp_path):
+    old_data = tmp_path / "old.data"
+    old_data.write_bytes(b"old weights")
+    warnings = []
+    output.publish(_file_target(tmp_path), lambda path: path.write_bytes(b"model"), obsolete=[old_data],
+                   warn=warnings.append)
+    output.publish(_package_target(tmp_path), _write_package("one"), warn=warnings.append)
+    output.publish(_package_target(tmp_path), _write_package("two"), warn=warnings.append)
+    assert warnings == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mlpackage", "out.onnx"]
+
+
+def _exchange_by_renames_failing(monkeypatch, failing) -> list[tuple[str, str]]:
+    """No atomic exchange on this "filesystem", and the renames numbered in `failing` fail."""
+    monkeypatch.setattr(output, "_rename_flags", lambda source, destination, how: False)
+    rename = os.rename
+    calls = []
+
+    def failing_rename(source, destination):
+        calls.append((Path(source).name, Path(destination).name))
+        if len(calls) in failing:
+            raise OSError(5, "Input/output error", str(destination))
+        rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    return calls
+
+
+def test_an_exchange_by_renames_that_cannot_be_undone_keeps_the_old_package(tmp_path, monkeypatch):
+    output.publish(_package_target(tmp_path), _write_package("old"))
+    # The new package's rename fails, and so does putting the old one back.
+    calls = _exchange_by_renames_failing(monkeypatch, failing={2, 3})
+    warnings = []
+    with pytest.raises(output.OutputError, match="nor put the replaced package back") as raised:
+        output.publish(_package_target(tmp_path), _write_package("new"), warn=warnings.append)
+    monkeypatch.undo()
+    assert calls[0] == ("out.mlpackage", "out.mlpackage.replaced") and len(calls) == 3
+    [staging] = _staging_folders(tmp_path)
+    parked = staging / "out.mlpackage.replaced"
+    assert (parked / "Manifest.json").read_text() == "old"  # the only copy of the old model, kept
+    assert str(parked) in str(raised.value)
+    assert not (tmp_path / "out.mlpackage").exists() and warnings == []
+
+
+def test_an_exchange_by_renames_that_fails_puts_the_old_package_back(tmp_path, monkeypatch):
+    output.publish(_package_target(tmp_path), _write_package("old"))
+    calls = _exchange_by_renames_failing(monkeypatch, failing={2})  # the new package's rename into place
+    with pytest.raises(output.OutputError, match=r"could not move the model into place \(Input/output error\)$"):
+        output.publish(_package_target(tmp_path), _write_package("new"))
+    monkeypatch.undo()
+    assert len(calls) == 3
+    assert (tmp_path / "out.mlpackage" / "Manifest.json").read_text() == "old"
+    assert _staging_folders(tmp_path) == []
+
+
+def test_modes_that_cannot_be_set_are_an_output_error_and_leave_nothing(tmp_path, monkeypatch):
+    def refuse(path, mode, *args, **options):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "chmod", refuse)
+    with pytest.raises(output.OutputError, match=r"could not set the output's modes \(Operation not permitted\)"):
+        output.publish(_file_target(tmp_path), lambda path: path.write_bytes(b"model"))
+    assert list(tmp_path.iterdir()) == []

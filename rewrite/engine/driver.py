@@ -266,7 +266,7 @@ class Driver:
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
-                remove_dead(self.adapter, refused.built, self.operand_table)
+                remove_dead(self.adapter, refused.built, self.operand_table, discarded=refused.built)
                 self.refusals.append((rule.name, anchor, refused.refusal))
                 if isinstance(refused.refusal, (Unevaluable, Unavailable)):
                     # The rule's own rewrite says "not here", as a condition

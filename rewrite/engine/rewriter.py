@@ -332,7 +332,9 @@ class Rewriter:
             raise _Unbuildable(BuildFailed(self.adapter.op_type(op), rebuild.span, _first_line(error))) from None
 
 
-def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None) -> int:
+def remove_dead(
+    adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None, *, discarded: Sequence[Op] = ()
+) -> int:
     """Remove each candidate no longer used, then its producers in turn.
 
     Only ops reachable backwards from what a rewrite touched are visited, so
@@ -343,14 +345,19 @@ def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable 
     of uses each time made a run quadratic. Returns the ops removed, those of
     a removed op's nested blocks included. `table`, the run's records of wide
     ops, is told of each removal.
+
+    An op with side effects stays, unless it is one of `discarded`: the ops
+    a refused rewrite built, which were never meant to run (a state update
+    left behind by one would write the state where the program did not).
     """
     has_uses = uses_checker(adapter)
     is_live, has_side_effects, outputs = adapter.is_live, adapter.has_side_effects, adapter.outputs
+    never_ran = {id(op) for op in discarded if op is not None}
     removed = 0
     worklist = [op for op in candidates if op is not None]
     while worklist:
         op = worklist.pop()
-        if not is_live(op) or has_side_effects(op):
+        if not is_live(op) or (has_side_effects(op) and id(op) not in never_ran):
             continue
         # Most ops visited are a removed op's producers that are still used.
         for value in outputs(op):

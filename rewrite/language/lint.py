@@ -3,7 +3,8 @@
 The checker rejects what cannot run; the lints here flag what runs but is
 suspicious: a binding nobody reads, a condition that folds to false, a rule
 another rule always pre-empts, a replacement that rebuilds the op it matched
-(and may fire again on its own result).
+(and may fire again on its own result). Rules that undo each other, two or
+more in a cycle, are `rewrite.language.cycles`' to find.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import BinaryIO
 from rewrite.engine.interfaces import OpSchema
 from rewrite.language import ast
 from rewrite.language.checker import Checker
+from rewrite.language.cycles import lint_cycles
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.lint import lint_rule, lint_shadowing
 from rewrite.language.parser import parse_rules
@@ -375,6 +376,7 @@ def load_rule_files(
         raise RuleError(loader.diagnostics)
     sources = {source.path: source for _, source in loader.parsed.values()}
     warnings.extend(_shadowing(rules, sources))
+    warnings.extend(lint_cycles(rules, sources, loader.schema_for))
     return LoadedRules(
         tuple(rules), all_classes, tuple(warnings), tuple(str(f) for f in files), tuple(skipped)
     )

@@ -24,6 +24,7 @@ from rewrite.backends.mil import (
 )
 from rewrite.backends.mil.files import input_types_of
 from rewrite.backends.mil.reference import evaluate
+from tests.model_files import package_spec as _spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rmsnorm_symbolic.mlpackage"
@@ -48,15 +49,6 @@ def _tree(root: Path) -> dict:
             state[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), content, info.st_mtime_ns,
                                                   stat.S_IMODE(info.st_mode))
     return state
-
-
-def _spec(package: Path):
-    """The model spec of a package, read without coremltools' ModelPackage."""
-    manifest = json.loads((package / "Manifest.json").read_text())
-    entry = manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]
-    spec = ct.proto.Model_pb2.Model()
-    spec.ParseFromString((package / "Data" / entry["path"]).read_bytes())
-    return spec
 
 
 def _convert(program, path: Path, **options):

@@ -45,8 +45,15 @@ from rewrite.engine.shapes import subtract as dims_subtract
 
 DIALECT = "mil"
 
-# Ops whose effect is not (only) their outputs; never removed as dead.
-_SIDE_EFFECT_OPS = frozenset({"coreml_update_state", "write_state"})
+# Ops never removed as dead. A state update's effect is not its output. A
+# read_state's only effect is its output, but removing the last read of a
+# state leaves a state that no op reads, and whether Core ML accepts that
+# cannot be seen off macOS (only Core ML validates a spec), so it stays.
+# coremltools' own dead_code_elimination would remove it, but
+# `save_mlpackage` converts with the empty pipeline, which drops that pass
+# from the backend's too (files.py also keeps a read that the save itself
+# would drop: `_keep_reads_back`).
+_SIDE_EFFECT_OPS = frozenset({"coreml_update_state", "write_state", "read_state"})
 
 
 # ---------------------------------------------------------------- op schema

@@ -18,6 +18,7 @@ from rewrite.backends.mil.pymil import (
     Program,
     ct,
     is_symbolic,
+    mb,
     types,
 )
 
@@ -251,6 +252,7 @@ def save_mlpackage(program: Program, path: str | os.PathLike, source: MilSource 
             raise MilError(f"{source.path}: specification version {spec.specificationVersion} "
                            f"is unknown to coremltools {ct.__version__}") from None
         inputs = input_types_of(spec, program)
+        _keep_reads_back(program, spec)
         if spec.description.functions:
             # coremltools writes a multifunction model only when told to, and
             # takes input types for "main" alone; the function descriptions
@@ -295,6 +297,56 @@ def save_mlpackage(program: Program, path: str | os.PathLike, source: MilSource 
             _write_package(path, template, new_spec, built.weights_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _keep_reads_back(program: Program, spec) -> None:
+    """Give back its own read_state to each read of a state that `spec` has
+    right after a write, where the program no longer uses what it read.
+
+    Loading merges a write_state and the read_state right after it into one
+    coreml_update_state (coremltools' frontend does), and saving writes the
+    read again only while that op's output is used. A rewrite that took the
+    last use would so drop a read of the state from the package; whether
+    Core ML accepts a state that no op reads cannot be checked off macOS, so
+    the read stays, where it was.
+    """
+    from rewrite.backends.mil.adapter import _inherit_scopes
+
+    for name, function in program.functions.items():
+        reads = _read_state_outputs(spec, name)
+        if not reads:
+            continue
+        pending = [function]
+        while pending:
+            block = pending.pop()
+            operations = list(block.operations)
+            for index, op in enumerate(operations):
+                pending.extend(op.blocks)
+                written = op.outputs[0] if op.op_type == "coreml_update_state" else None
+                if written is None or written.name not in reads or written.child_ops or written.consuming_blocks:
+                    continue
+                read_name = written.name
+                written.name = f"{read_name}__written"  # never saved: the write has no output in the package
+                following = operations[index + 1] if index + 1 < len(operations) else None
+                with block:
+                    read = mb.read_state(input=op.state, before_op=following, name=read_name)
+                _inherit_scopes([read.op], op, None)
+
+
+def _read_state_outputs(spec, function_name: str) -> set[str]:
+    """The names of the values the read_state ops of a function of `spec` give, nested blocks included."""
+    function = spec.mlProgram.functions.get(function_name)
+    if function is None:
+        return set()
+    names: set[str] = set()
+    pending = list(function.block_specializations.values())
+    while pending:
+        block = pending.pop()
+        for operation in block.operations:
+            if operation.type == "read_state":
+                names.update(output.name for output in operation.outputs)
+            pending.extend(operation.blocks)
+    return names
 
 
 def _write_model_file(path: Path, spec, weights_dir: Path) -> None:

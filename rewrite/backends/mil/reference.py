@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from rewrite.backends.mil.copying import copy_program
-from rewrite.backends.mil.pymil import Block, Operation, Program, mb, types
+from rewrite.backends.mil.pymil import Block, Operation, Program, Var, mb, types
 
 
 class EvaluationError(RuntimeError):
@@ -28,29 +28,45 @@ class EvaluationError(RuntimeError):
 
 
 def evaluate(program: Program, inputs: Mapping[str, np.ndarray], function: str = "main") -> dict[str, np.ndarray]:
-    """The outputs of `function` for concrete `inputs`, by name. `program` is not modified."""
+    """The outputs of `function` for concrete `inputs`, by name. `program` is not modified.
+
+    A state input's entry in `inputs` is its value when the run starts.
+    """
+    return evaluate_with_states(program, inputs, function)[0]
+
+
+def evaluate_with_states(
+    program: Program, inputs: Mapping[str, np.ndarray], function: str = "main"
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`evaluate`'s outputs, and each state input's value when the run ends, by name."""
     program = copy_program(program)
     block = program.functions[function]
     operations = list(block.operations)
     first = operations[0] if operations else None
+    states: dict[Var, np.ndarray] = {}
     with block:
         for name, var in list(block.inputs.items()):
+            if types.is_state(var.sym_type):
+                # A state is no value an op can take: read_state and
+                # coreml_update_state read and set it as the run goes.
+                states[var] = np.asarray(inputs[name], dtype=types.nptype_from_builtin(var.dtype))
+                continue
             array = np.asarray(inputs[name], dtype=types.nptype_from_builtin(var.dtype))
             const = mb.const(val=array, before_op=first, name=name + "__value")
             block.replace_uses_of_var_after_op(anchor_op=None, old_var=var, new_var=const, no_check_var_types=True)
-        _infer_block(block)
+        _infer_block(block, states)
     outputs = {}
     for var in block.outputs:
         if var.val is None:
             producer = var.op.op_type if var.op is not None else "input"
             raise EvaluationError(f"no value for output '{var.name}' (from a {producer} op)")
         outputs[var.name] = np.asarray(var.val)
-    return outputs
+    return outputs, {var.name: value for var, value in states.items()}
 
 
-def _infer_block(block: Block) -> None:
+def _infer_block(block: Block, states: dict) -> None:
     for op in block.operations:
-        _infer_op(op)
+        _infer_op(op, states)
 
 
 def _plain_bool(var) -> None:
@@ -72,9 +88,18 @@ def _set_value(var, value) -> None:
         var._sym_val.val = value[()]
 
 
-def _infer_op(op: Operation) -> None:
+def _infer_op(op: Operation, states: dict) -> None:
     if op.op_type == "const":
         _plain_bool(op.outputs[0])
+        return
+    if op.op_type == "read_state":
+        _set_value(op.outputs[0], states[op.input])
+        return
+    if op.op_type == "coreml_update_state":
+        if op.value.val is None:
+            return  # the value is unknown: so is the state's, and an output read later says so
+        states[op.state] = np.array(op.value.val, dtype=types.nptype_from_builtin(op.state.dtype))
+        _set_value(op.outputs[0], states[op.state])
         return
     if op.op_type == "while_loop":
         condition_block, body_block = op.blocks
@@ -82,30 +107,30 @@ def _infer_op(op: Operation) -> None:
         for _ in range(1_000_000):
             for var, value in zip(condition_block.inputs, values):
                 _set_value(var, value)
-            _infer_block(condition_block)
+            _infer_block(condition_block, states)
             if not bool(condition_block.outputs[0].val):
                 break
             for var, value in zip(body_block.inputs, values):
                 _set_value(var, value)
-            _infer_block(body_block)
+            _infer_block(body_block, states)
             values = [np.array(o.val) for o in body_block.outputs]
         for var, value in zip(op.outputs, values):
             _set_value(var, value)
         return
     if op.op_type == "cond":
         taken = 0 if bool(op.pred.val) else 1
-        _infer_block(op.blocks[taken])
+        _infer_block(op.blocks[taken], states)
         try:
             # The branch not taken may be ill-defined for these inputs; its
-            # values are never read.
-            _infer_block(op.blocks[1 - taken])
+            # values are never read, and the states it would update are not.
+            _infer_block(op.blocks[1 - taken], dict(states))
         except Exception:
             pass
         for var, output in zip(op.outputs, op.blocks[taken].outputs):
             _set_value(var, output.val)
         return
     for nested in op.blocks:
-        _infer_block(nested)
+        _infer_block(nested, states)
     op.type_value_inference(overwrite_output=True)
     compute = KERNELS.get(op.op_type)
     if op.op_type in IN_OWN_DTYPE and _inputs_known(op):
