@@ -378,6 +378,7 @@ def _apply(arguments) -> int:
         except output.OutputError as error:
             raise UserError(str(error)) from None
         options = {"check_types": arguments.check_types, "count_ops": True}
+        details: dict = {}  # what the JSON report says beside the statistics
         if arguments.max_sweeps is not None:
             options["max_sweeps"] = arguments.max_sweeps
         # The run counts ops from its own index; walking the model for them
@@ -399,7 +400,11 @@ def _apply(arguments) -> int:
                                   **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
                                   **only_rules)
                 statistics = result.statistics
-                _note_initializers(result)
+                if result.listed_initializers:
+                    details["listed_initializers"] = result.listed_initializers
+                    details["initializers_overridable"] = result.overridable_initializers
+                    if not arguments.json:
+                        _note_initializers(result)
             else:
                 from rewrite.mil import apply as apply_mil
 
@@ -420,7 +425,7 @@ def _apply(arguments) -> int:
             model.publish(target, arguments.in_place)
         except output.OutputError as error:
             raise UserError(str(error)) from None
-        _report(arguments, statistics, source, target.path if arguments.in_place else requested)
+        _report(arguments, statistics, source, target.path if arguments.in_place else requested, details)
     return EXIT_OK
 
 
@@ -487,7 +492,7 @@ def _progress_bar(ops: int) -> _ProgressBar | None:
     return _ProgressBar(ops)
 
 
-def _report(arguments, statistics, source, destination) -> None:
+def _report(arguments, statistics, source, destination, details: dict) -> None:
     ops_before, ops_after = statistics.ops_before, statistics.ops_after
     if arguments.json:
         document = {
@@ -495,6 +500,7 @@ def _report(arguments, statistics, source, destination) -> None:
             "output": str(destination),
             "ops_before": ops_before,
             "ops_after": ops_after,
+            **details,
             **statistics.as_dict(),
         }
         print(json.dumps(document, indent=2))

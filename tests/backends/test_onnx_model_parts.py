@@ -360,3 +360,15 @@ def test_a_qdq_model_keeps_its_weights_quantized():
     assert [node.op_type for node in model.graph.node] == [node.op_type for node in nodes]
     assert {t.name: t.data_type for t in model.graph.initializer}["wq"] == TensorProto.INT8
     _same(before, model, {"x": rng.standard_normal((2, 16)).astype(np.float32)})
+
+
+def test_the_json_report_says_which_semantics_it_used(tmp_path, capsys):
+    import json
+
+    source = tmp_path / "ir3.onnx"
+    onnx.save(_ir3(), source)
+    assert main(["apply", str(source), "-o", str(tmp_path / "a.onnx"), "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["listed_initializers"] == 4 and report["initializers_overridable"] is False
+    assert "note" not in captured.err
