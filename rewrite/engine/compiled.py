@@ -75,7 +75,8 @@ class CompiledConditions:
                  lazy_rests: frozenset[int] = frozenset()):
         self.evaluator = evaluator
         self.table = table
-        self.matcher = evaluator.matcher if table is None else Matcher(evaluator.adapter, table, lazy_rests)
+        shared = evaluator.matcher
+        self.matcher = shared if table is None else Matcher(evaluator.adapter, table, lazy_rests, shared.budget)
         self._conjunctions: dict[int, tuple[list, Conjunction]] = {}
 
     def holds(self, exprs: list, env: Environment) -> Verdict:
