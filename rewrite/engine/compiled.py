@@ -394,16 +394,29 @@ class CompiledConditions:
 
     def _every_use(self, expr: ast.EveryUse) -> TruthFunction:
         adapter, of, variable, body = self.evaluator.adapter, expr.of, expr.variable, self.truth(expr.body)
+        verdicts = self.evaluator.use_verdicts
 
-        def every(env):
+        def walk(value, env):
             result = YES
             inner = dict(env)
-            for consumer in adapter.consumers(env[of]):
+            for consumer in adapter.consumers(value):
                 outputs = adapter.outputs(consumer)
                 inner[variable] = outputs[0] if outputs else None
                 result = result & body(inner)
                 if result is NO:
                     return result
+            return result
+
+        if not verdicts.keeps(expr):
+            return lambda env: walk(env[of], env)
+
+        def every(env):
+            value = env[of]
+            kept = verdicts.get(expr, value, env)
+            if kept is not None:
+                return kept
+            result = walk(value, env)
+            verdicts.put(expr, value, env, result)
             return result
 
         return every

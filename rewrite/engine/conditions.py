@@ -8,6 +8,12 @@ unknown stays unknown, so it can never make a rule fire.
 A conjunction is evaluated left to right, and an unnegated `%v is op(...)`
 in it binds for the conjuncts after it: the conjunction holds if some way
 of matching makes the rest hold.
+
+`every use %u of %v: body` walks the uses of %v. Where the body reads
+nothing but the use, %v and named constants, through builtins whose answers
+a run does not change (`UseVerdicts`), its verdict is kept per value until
+the value's uses change (`Adapter.uses_version`): a value feeding every
+layer is walked once, not once per anchor that asks about it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rewrite.engine.interfaces import Adapter, use_counter
+from rewrite.engine.interfaces import Adapter, use_counter, uses_versioner
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import OperandsExcept
@@ -78,6 +84,117 @@ def conjuncts(expr) -> list:
     return [expr]
 
 
+# Builtins whose answer for the same arguments a run does not change: they
+# read a value's type (which the shape guard keeps), constant, producer or
+# that op's attributes, or compute on numbers and lists. Not those reading
+# uses (`use_count`, `one_use`, `block_output`, `internal`, the scaling
+# chain's) or following producers' operands (`elements`, the bounds).
+_STABLE_BUILTINS = frozenset({
+    "is_nan", "is_inf", "is_finite", "close", "as_dtype", "uniform", "rank", "dim", "shape", "axes",
+    "aligned_dim", "is_const", "absent", "const", "is_symbolic", "is_known", "dtype", "is_input", "same_block",
+    "broadcasts", "op_type", "attribute", "contains", "gather", "lowest", "max_finite", "lowest_finite",
+    "zero_of", "max_of", "max_abs", "normalized_axes", "represents", "len", "range", "abs", "sqrt",
+    "every_row_any", "mod",
+})
+
+
+def _reads_only(node, bound: frozenset[str], constants: set[str]) -> bool:
+    """Whether `node` reads no variable but `bound` (and named constants, collected
+    in `constants`) and calls only `_STABLE_BUILTINS`; patterns and uses make it no."""
+    kind = type(node)
+    if kind is ast.Literal:
+        return True
+    if kind is ast.ValueRef:
+        return node.var in bound
+    if kind is ast.NameRef:
+        if node.name in bound:
+            return True
+        constants.add(node.name)
+        return node.name in NAMED_CONSTANTS
+    if kind is ast.Not:
+        return _reads_only(node.operand, bound, constants)
+    if kind in (ast.And, ast.Or, ast.Compare, ast.Arithmetic):
+        return _reads_only(node.left, bound, constants) and _reads_only(node.right, bound, constants)
+    if kind is ast.ListExpr:
+        return all(_reads_only(item, bound, constants) for item in node.items)
+    if kind is ast.Index:
+        return _reads_only(node.base, bound, constants) and _reads_only(node.index, bound, constants)
+    if kind is ast.Conditional:
+        return all(_reads_only(part, bound, constants) for part in (node.condition, node.then, node.otherwise))
+    if kind is ast.Call:
+        return (node.function in _STABLE_BUILTINS
+                and all(_reads_only(argument, bound, constants) for argument in node.arguments)
+                and all(_reads_only(argument, bound, constants) for _, argument in node.keywords))
+    if kind is ast.SameValue:
+        return node.var in bound and _reads_only(node.left, bound, constants)  # compares; binds nothing
+    if kind is ast.Quantifier or kind is ast.Comprehension:
+        inner = bound | {node.variable}
+        parts = [getattr(node, name, None) for name in ("filter", "body", "item", "keep")]
+        return _reads_only(node.domain, bound, constants) and all(
+            part is None or _reads_only(part, inner, constants) for part in parts)
+    return False
+
+
+class UseVerdicts:
+    """Verdicts of `every use %u of %v: body` per value, kept while its uses stay the same.
+
+    Only for a body that reads nothing but %u, %v and named constants, through
+    `_STABLE_BUILTINS`: its verdict is then a function of which ops use %v,
+    and `Adapter.uses_version` says when that changes. Nothing is kept for an
+    adapter without it, or where a binding shadows a named constant the body reads.
+    """
+
+    def __init__(self, adapter: Adapter):
+        self.version_of = uses_versioner(adapter)
+        # id(expr) -> (expr, the named constants its body reads, or None: not kept)
+        self._bodies: dict[int, tuple[Any, frozenset[str] | None]] = {}
+        # (id(expr), value) -> (expr, uses version, verdict)
+        self._verdicts: dict[tuple[int, Any], tuple[Any, int, Truth]] = {}
+
+    def keeps(self, expr: ast.EveryUse) -> bool:
+        """Whether verdicts of `expr` can be kept at all."""
+        return self._constants(expr) is not None
+
+    def _constants(self, expr: ast.EveryUse) -> frozenset[str] | None:
+        found = self._bodies.get(id(expr))
+        if found is None or found[0] is not expr:
+            constants: set[str] = set()
+            reads_only = self.version_of is not None and _reads_only(
+                expr.body, frozenset((expr.variable, expr.of)), constants)
+            found = self._bodies[id(expr)] = (expr, frozenset(constants) if reads_only else None)
+        return found[1]
+
+    def _key(self, expr: ast.EveryUse, value, env: Environment):
+        constants = self._constants(expr)
+        if constants is None or not constants.isdisjoint(env):
+            return None
+        if value is None or value is ABSENT or value is UNKNOWN or isinstance(value, (list, tuple, OperandsExcept)):
+            return None
+        return (id(expr), value)
+
+    def get(self, expr: ast.EveryUse, value, env: Environment) -> Truth | None:
+        """The verdict kept for `value`, if its uses are as they were when it was reached."""
+        key = self._key(expr, value, env)
+        if key is None:
+            return None
+        try:
+            found = self._verdicts.get(key)
+        except TypeError:  # a value that is no key
+            return None
+        if found is None or found[0] is not expr or found[1] != self.version_of(value):
+            return None
+        return found[2]
+
+    def put(self, expr: ast.EveryUse, value, env: Environment, verdict: Truth) -> None:
+        key = self._key(expr, value, env)
+        if key is None:
+            return
+        try:
+            self._verdicts[key] = (expr, self.version_of(value), verdict)
+        except TypeError:
+            pass
+
+
 class Evaluator:
     """Evaluates condition expressions against one program."""
 
@@ -94,6 +211,7 @@ class Evaluator:
         # id(value) -> (value, its constant as a flat list); the value is kept
         # so its id cannot be reused while cached.
         self._constants: dict[int, tuple[Any, list | None]] = {}
+        self.use_verdicts = UseVerdicts(adapter)
 
     # ---------------------------------------------------------------- truth
 
@@ -265,6 +383,14 @@ class Evaluator:
 
     def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
         value = env[expr.of]
+        # A kept yes has no failure to report; any other verdict walks, to name the use.
+        if self.use_verdicts.get(expr, value, env) is Truth.YES:
+            return Truth.YES
+        result = self._walk_uses(expr, value, env)
+        self.use_verdicts.put(expr, value, env, result)
+        return result
+
+    def _walk_uses(self, expr: ast.EveryUse, value, env: Environment) -> Truth:
         result = Truth.YES
         inner = dict(env)
         for consumer in self.adapter.consumers(value):

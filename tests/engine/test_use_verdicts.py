@@ -1,0 +1,193 @@
+"""Verdicts of `every use` kept per value while its uses stay the same.
+
+A value that feeds every layer is walked once for all the anchors that ask
+about it, and walked again as soon as an op starts or stops using it
+(`Adapter.uses_version`, kept by both backends). Only bodies that read
+nothing but the use (and the value, and named constants) through builtins a
+run does not change are kept; explain and apply give the same verdicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import TensorProto, helper
+
+import rewrite
+from rewrite.backends.mil import MilAdapter
+from rewrite.backends.onnx import OnnxAdapter
+from rewrite.engine.conditions import UseVerdicts
+from rewrite.engine.driver import Driver
+from rewrite.engine.explain import explain
+from rewrite.language import ast
+from rewrite.predicates import registered_predicates
+from tests.engine.test_scale_mil import fan_out
+
+RULES = """
+dialect onnx
+rule drop_double_neg_under_a_shared_reshape
+  "A Reshape to a shape every use of which is a Reshape reads -(-y) as y."
+  match %r = Reshape(data=%n, shape=%s)
+  where %n is Neg(X=%m) and %m is Neg(X=%y)
+  where every use %u of %s: op_type(%u) == "Reshape"
+  rewrite %n -> %y
+"""
+LAYERS = 40
+
+
+def _model(extra_use: bool = False) -> onnx.ModelProto:
+    """x -> per layer Reshape(Neg(Neg(prev)), Shape(x)); with `extra_use`, Shape(x) also feeds an Identity out."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"])]
+    previous = "x"
+    for layer in range(LAYERS):
+        nodes += [helper.make_node("Neg", [previous], [f"a{layer}"]),
+                  helper.make_node("Neg", [f"a{layer}"], [f"b{layer}"]),
+                  helper.make_node("Reshape", [f"b{layer}", "s"], [f"r{layer}"], name=f"reshape{layer}")]
+        previous = f"r{layer}"
+    outputs = [helper.make_tensor_value_info(previous, TensorProto.FLOAT, ["batch", 4])]
+    if extra_use:
+        nodes.append(helper.make_node("Identity", ["s"], ["shape_out"]))
+        outputs.append(helper.make_tensor_value_info("shape_out", TensorProto.INT64, [2]))
+    graph = helper.make_graph(nodes, "fan_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              outputs)
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(built, full_check=True)
+    return built
+
+
+class Counting(OnnxAdapter):
+    """Counts the consumers listed: what walking the uses costs."""
+
+    listed = 0
+
+    def consumers(self, value):
+        found = super().consumers(value)
+        self.listed += len(found)
+        return found
+
+
+def _run(built, feeds):
+    return onnxruntime.InferenceSession(built.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_the_shared_value_is_walked_once_and_the_rule_fires_at_every_layer(write_rules):
+    built = _model()
+    feeds = {"x": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)}
+    expected = _run(built, feeds)
+    rules = rewrite.load_rules(write_rules(RULES))
+    adapter = Counting(built)
+    statistics = rules.apply_with(adapter)
+    adapter.release()
+    assert statistics.fires == LAYERS
+    assert sum(n.op_type == "Neg" for n in built.graph.node) == 0
+    assert sum(n.op_type == "Reshape" for n in built.graph.node) == LAYERS
+    np.testing.assert_array_equal(_run(built, feeds)[0], expected[0])
+    # The uses of s (LAYERS Reshapes) once in sweep 1; the rewrites leave them
+    # as they are, so sweep 2 walks nothing either. Without the kept verdict
+    # each of the 2 * LAYERS decisions lists them all.
+    assert adapter.listed < 3 * LAYERS
+
+
+def test_a_use_added_or_dropped_is_seen_at_the_next_anchor(write_rules):
+    rules = rewrite.load_rules(write_rules(RULES))
+    (rule,) = rules.rules
+    adapter = OnnxAdapter(_model())
+    driver = Driver(rules.rules, adapter, registered_predicates())
+    anchors = list(driver.candidates(rule))
+    assert driver.decide(rule, anchors[0]).fires
+    shape = adapter.operand(anchors[0], "shape")
+    version = adapter.uses_version(shape)
+    # An Identity starts reading s: no longer every use is a Reshape.
+    built = adapter.build("Identity", {"input": shape}, anchors[1], "probe")
+    assert adapter.uses_version(shape) != version
+    decision = driver.decide(rule, anchors[1])
+    assert not decision.fires and decision.matched
+    explained = {e.anchor: e for e in explain(rules.rules, adapter, registered_predicates())}
+    assert not explained["reshape1"].fired and explained["reshape1"].truth == "no"
+    # It goes again: every use is a Reshape once more.
+    adapter.remove_op(adapter.producer(built))
+    assert driver.decide(rule, anchors[1]).fires
+    assert explain(rules.rules, adapter, registered_predicates())[1].fired
+
+
+def test_a_graph_with_another_use_of_the_value_is_left_alone(write_rules):
+    built = _model(extra_use=True)
+    before = [n.op_type for n in built.graph.node]
+    statistics = rewrite.load_rules(write_rules(RULES)).apply(built)
+    assert statistics.fires == 0 and [n.op_type for n in built.graph.node] == before
+
+
+def _every_use(body: str) -> ast.EveryUse:
+    text = f'dialect onnx\nrule r "d"\n  match %r = Reshape(data=%d, shape=%s)\n  where every use %u of %s: {body}\n' \
+           '  rewrite %r -> %d\n'
+    (rule,) = rewrite.language.parser.parse_rules(text, "t.rules").rules
+    return rule.conditions[0].expr
+
+
+def test_only_bodies_that_read_the_use_alone_are_kept():
+    verdicts = UseVerdicts(OnnxAdapter(_model()))
+    for body in ('op_type(%u) == "Reshape"', "rank(%u) == rank(%s) and dtype(%u) == fp32",
+                 "forall axis in axes(%u): dim(%u, axis) == 1 or is_symbolic(dim(%u, axis))",
+                 "%u is not %s"):
+        assert verdicts.keeps(_every_use(body)), body
+    for body in ("rank(%u) == rank(%d)",  # the anchor's binding
+                 "one_use(%u)",  # a use count changes with the graph
+                 "%u is Reshape(data=_, shape=%s)",  # a pattern reads the consumer's other operands
+                 "elements(%u) == [1]",  # follows producers' operands
+                 'every use %v of %u: op_type(%v) == "Neg"'):
+        assert not verdicts.keeps(_every_use(body)), body
+
+    class Plain:  # an adapter without uses_version keeps nothing
+        pass
+
+    assert not UseVerdicts(Plain()).keeps(_every_use('op_type(%u) == "Reshape"'))
+
+
+def test_the_onnx_uses_version_changes_with_every_edit_of_the_uses():
+    adapter = OnnxAdapter(_model())
+    operations = adapter.operations(adapter.top_blocks()[0])
+    shape = adapter.outputs(operations[0])[0]
+    reshape = next(op for op in operations if adapter.op_type(op) == "Reshape")
+    data = adapter.operand(reshape, "data")
+    seen = {id(value): adapter.uses_version(value) for value in (shape, data)}
+
+    def changed(value) -> bool:
+        version = adapter.uses_version(value)
+        fresh = version != seen.get(id(value))
+        seen[id(value)] = version
+        return fresh
+
+    new_shape = adapter.build("Shape", {"data": data}, reshape, "other")
+    assert changed(data) and not changed(shape)
+    adapter.replace_operand(reshape, shape, new_shape)
+    assert changed(shape)
+    adapter.replace_all_uses(new_shape, shape)
+    assert changed(shape)
+    assert changed(new_shape)
+    adapter.remove_op(adapter.producer(new_shape))
+    assert changed(data)
+    version = adapter.uses_version(data)
+    adapter.consumers(data)  # listing (and compacting) changes nothing
+    assert adapter.uses_version(data) == version != 0
+
+
+def test_the_mil_uses_version_changes_with_every_edit_of_the_uses():
+    program = fan_out(3)
+    adapter = MilAdapter(program)
+    block = adapter.top_blocks()[0]
+    tile = next(op for op in adapter.operations(block) if adapter.op_type(op) == "tile")
+    mean = adapter.operand(tile, "x")
+    mul = next(op for op in adapter.operations(block) if adapter.op_type(op) == "mul")
+    start = adapter.uses_version(mean)
+    other = adapter.build("tile", {"x": mean, "reps": np.array([1, 1], np.int32)}, tile, "probe")
+    after_build = adapter.uses_version(mean)
+    assert after_build != start
+    adapter.replace_operand(mul, adapter.outputs(tile)[0], other)
+    assert adapter.uses_version(other) != 0
+    adapter.replace_all_uses(other, adapter.outputs(tile)[0])
+    adapter.remove_op(adapter.producer(other))
+    assert adapter.uses_version(mean) != after_build
+    version = adapter.uses_version(mean)
+    adapter.consumers(mean)
+    assert adapter.uses_version(mean) == version
