@@ -43,6 +43,7 @@ from rewrite.engine.conditions import (
     _op_type,
     _rank,
     _right_dim,
+    cheap_first,
     conjuncts,
     domain_list,
 )
@@ -83,7 +84,7 @@ class CompiledConditions:
         """What `Evaluator.holds` answers, without recording failures."""
         cached = self._conjunctions.get(id(exprs))
         if cached is None or cached[0] is not exprs:
-            flat = [part for expr in exprs for part in conjuncts(expr)]
+            flat = cheap_first([part for expr in exprs for part in conjuncts(expr)])
             cached = (exprs, self.conjunction(flat))
             self._conjunctions[id(exprs)] = cached
         self.evaluator._constants.clear()
@@ -346,6 +347,49 @@ class CompiledConditions:
 
         return compared
 
+    def _over_uses(self, expr: ast.EveryUse):
+        """`every use %u of %v: feature(%u, ...) <op> other`, `other` and the
+        feature's arguments not reading %u, answered from the feature's counts
+        over the uses of %v (`UseVerdicts.summary`), which every anchor asking
+        about %v shares; None for any other body. The function returns None
+        when it cannot answer, and the uses are walked instead."""
+        body, variable = expr.body, expr.variable
+        if type(body) is not ast.Compare:
+            return None
+        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
+            call, other, feature_left = body.left, body.right, True
+        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
+            call, other, feature_left = body.right, body.left, False
+        else:
+            return None
+        canonical = _FEATURES[call.function]
+        adapter, verdicts = self.evaluator.adapter, self.evaluator.use_verdicts
+        arguments = [self.value(argument) for argument in call.arguments[1:]]
+        keywords = [(name, self.value(argument)) for name, argument in call.keywords]
+        other_of, operator = self.value(other), body.operator
+        compare = _comparison(operator, feature_left)
+
+        def uses(value):
+            for consumer in adapter.consumers(value):
+                outputs = adapter.outputs(consumer)
+                yield outputs[0] if outputs else None
+
+        def counted(value, env):
+            feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+            if feature is None:
+                return None
+            key, function = feature
+            if key is _CONSTANT:
+                return None  # the same for every use: the walk costs one comparison a use
+            # A use without an output reads as the call of a missing value: unknown.
+            summary = verdicts.summary(key, value, lambda: Counts(_of_present(function)), uses)
+            if summary is None:
+                return None
+            total = sum(summary.counts.values())
+            return _verdict(True, *_tally(summary, _NOTHING, total, other_of(env), operator, compare))
+
+        return counted
+
     def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body):
         """A quantifier whose filter binds nothing: the same verdicts as the
         general one, with the filter a plain truth and the connectives unrolled.
@@ -408,7 +452,16 @@ class CompiledConditions:
             return result
 
         if not verdicts.keeps(expr):
-            return lambda env: walk(env[of], env)
+            summarized = self._over_uses(expr)
+            if summarized is None:
+                return lambda env: walk(env[of], env)
+
+            def counted(env):
+                value = env[of]
+                found = summarized(value, env)
+                return walk(value, env) if found is None else found
+
+            return counted
 
         def every(env):
             value = env[of]
@@ -601,20 +654,33 @@ _FEATURES = {
 
 
 def _feature_call(expr, variable: str) -> bool:
-    """`f(x, ...)` of a summarized builtin, x the quantified variable, and nothing else reading x."""
+    """`f(x, ...)` of a summarized builtin, x the quantified variable (a name, or
+    a `%u` of every use), and nothing else reading x."""
     return (
         type(expr) is ast.Call
         and expr.function in _FEATURES
         and bool(expr.arguments)
-        and type(expr.arguments[0]) is ast.NameRef
-        and expr.arguments[0].name == variable
+        and _names(expr.arguments[0], variable)
         and not any(_mentions(argument, variable) for argument in expr.arguments[1:])
         and not any(_mentions(argument, variable) for _, argument in expr.keywords)
     )
 
 
+def _names(node, variable: str) -> bool:
+    kind = type(node)
+    return (kind is ast.NameRef and node.name == variable) or (kind is ast.ValueRef and node.var == variable)
+
+
 def _mentions(expr, name: str) -> bool:
-    return any(type(node) is ast.NameRef and node.name == name for node in ast.walk(expr))
+    return any(_names(node, name) for node in ast.walk(expr))
+
+
+_NOTHING = object()  # the operand a summary over uses leaves out: none
+
+
+def _of_present(function):
+    """`function` of a use's output, unknown where the use has none (what the builtin call gives for it)."""
+    return lambda value: UNKNOWN if value is None else function(value)
 
 
 def _comparison(operator: str, feature_left: bool):

@@ -84,6 +84,45 @@ def conjuncts(expr) -> list:
     return [expr]
 
 
+_COSTLY = (ast.EveryUse, ast.Quantifier, ast.Comprehension, ast.Matches)
+
+
+def _cheap(expr) -> bool:
+    """A conjunct that binds nothing and costs about the same at every anchor:
+    no pattern, no quantifier, only builtins (a predicate may cost anything)."""
+    for node in ast.walk(expr):
+        if isinstance(node, _COSTLY) or (type(node) is ast.SameValue and not node.negated):
+            return False
+        if type(node) is ast.Call and (node.function not in _BUILTINS or node.function == "internal"):
+            return False
+    return True
+
+
+def cheap_first(items: list) -> list:
+    """The conjuncts of a rule, each one that walks uses moved after the cheap ones
+    that follow it (up to the next that binds or costs more).
+
+    Kleene's `and` gives the same verdict in any order, and the conjuncts
+    moved past bind nothing, so each reads what it read before; only a
+    walk over thousands of uses is no longer made at an anchor that a
+    cheap test refuses. Both evaluators use this order, so explain reports
+    the failure apply met.
+    """
+    ordered = list(items)
+    position = 0
+    while position < len(ordered):
+        if any(type(node) is ast.EveryUse for node in ast.walk(ordered[position])):
+            end = position + 1
+            while end < len(ordered) and _cheap(ordered[end]):
+                end += 1
+            if end > position + 1:
+                ordered[position:end] = [*ordered[position + 1:end], ordered[position]]
+                position = end
+                continue
+        position += 1
+    return ordered
+
+
 # Builtins whose answer for the same arguments a run does not change: they
 # read a value's type (which the shape guard keeps), constant, producer or
 # that op's attributes, or compute on numbers and lists. Not those reading
@@ -142,6 +181,11 @@ class UseVerdicts:
     `_STABLE_BUILTINS`: its verdict is then a function of which ops use %v,
     and `Adapter.uses_version` says when that changes. Nothing is kept for an
     adapter without it, or where a binding shadows a named constant the body reads.
+
+    A body that compares one feature of %u with something of the anchor's
+    (`rank(%u) == rank(%x)`) has no verdict to keep, but the feature's counts
+    over the uses are the same for every anchor: `summary` keeps those, as
+    an `operands.Record` keeps a wide op's operands' (compiled.py reads them).
     """
 
     def __init__(self, adapter: Adapter):
@@ -150,6 +194,8 @@ class UseVerdicts:
         self._bodies: dict[int, tuple[Any, frozenset[str] | None]] = {}
         # (id(expr), value) -> (expr, uses version, verdict)
         self._verdicts: dict[tuple[int, Any], tuple[Any, int, Truth]] = {}
+        # (summary key, value) -> (uses version, summary of a feature over its uses)
+        self._summaries: dict[tuple[Any, Any], tuple[int, Any]] = {}
 
     def keeps(self, expr: ast.EveryUse) -> bool:
         """Whether verdicts of `expr` can be kept at all."""
@@ -194,6 +240,29 @@ class UseVerdicts:
         except TypeError:
             pass
 
+    def summary(self, key, value, make: Callable[[], Any], uses: Callable[[Any], Any]):
+        """A summary named `key` of one feature over the uses of `value` (`make()`,
+        each use added once), kept until the value's uses change; None where it
+        cannot be kept or counted. `uses(value)` lists what to add."""
+        if self.version_of is None or value is None or value is ABSENT or value is UNKNOWN \
+                or isinstance(value, (list, tuple, OperandsExcept)):
+            return None
+        version = self.version_of(value)
+        try:
+            found = self._summaries.get((key, value))
+        except TypeError:
+            return None
+        if found is not None and found[0] == version:
+            return found[1]
+        summary = make()
+        try:
+            for use in uses(value):
+                summary.add(use, 1)
+        except TypeError:  # a feature that cannot be counted
+            summary = None
+        self._summaries[(key, value)] = (version, summary)
+        return summary
+
 
 class Evaluator:
     """Evaluates condition expressions against one program."""
@@ -212,14 +281,19 @@ class Evaluator:
         # so its id cannot be reused while cached.
         self._constants: dict[int, tuple[Any, list | None]] = {}
         self.use_verdicts = UseVerdicts(adapter)
+        self._ordered: dict[int, tuple[list, list]] = {}  # id(exprs) -> (exprs, `cheap_first` of them)
 
     # ---------------------------------------------------------------- truth
 
     def holds(self, exprs: list, env: Environment) -> tuple[Truth, Environment | None]:
-        """Evaluate a conjunction. On YES, also return the environment that made it hold."""
+        """Evaluate a conjunction (in `cheap_first` order). On YES, also return the
+        environment that made it hold."""
         self.failure = None
         self._constants.clear()
-        return self._all(exprs, env)
+        ordered = self._ordered.get(id(exprs))
+        if ordered is None or ordered[0] is not exprs:
+            ordered = self._ordered[id(exprs)] = (exprs, cheap_first([p for e in exprs for p in conjuncts(e)]))
+        return self._all(ordered[1], env)
 
     def _all(self, items: list, env: Environment, start: int = 0) -> tuple[Truth, Environment | None]:
         """The conjunction of items[start:], left to right; a pattern binds for what follows it."""

@@ -191,3 +191,82 @@ def test_the_mil_uses_version_changes_with_every_edit_of_the_uses():
     version = adapter.uses_version(mean)
     adapter.consumers(mean)
     assert adapter.uses_version(mean) == version
+
+
+# ------------------------------------------------------------ bodies that read the anchor's bindings
+
+SHIFTS = """
+dialect onnx
+rule negated_plus_is_minus
+  "Neg(x) + q is q - x, where every use of x has q's rank."
+  match %a = Add(A=%p, B=%q)
+  where %p is Neg(X=%x)
+  where every use %u of %x: rank(%u) == rank(%q)
+  where CONDITION
+  rewrite %a -> Sub(A=%q, B=%x)
+"""
+USES = 30
+
+
+def _shifts() -> onnx.ModelProto:
+    """USES layers of Add(Neg(x), q_i), q_i of rank 2 for even i and 1 for odd; all summed into out."""
+    nodes, initializers, terms = [], [], []
+    for i in range(USES):
+        nodes += [helper.make_node("Neg", ["x"], [f"n{i}"]),
+                  helper.make_node("Add", [f"n{i}", f"q{i}"], [f"a{i}"], name=f"add{i}")]
+        shape = (1, 4) if i % 2 == 0 else (4,)
+        initializers.append(onnx.numpy_helper.from_array(np.full(shape, i, np.float32), f"q{i}"))
+        terms.append(f"a{i}")
+    nodes.append(helper.make_node("Sum", terms, ["out"]))
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "shifts", [value("x", TensorProto.FLOAT, ["batch", 4])],
+                              [value("out", TensorProto.FLOAT, ["batch", 4])], initializers)
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(built, full_check=True)
+    return built
+
+
+def test_a_feature_of_each_use_against_the_anchor_is_counted_once_per_value(write_rules):
+    # The last condition never holds and is no cheap one: every anchor asks the quantifier.
+    rules = rewrite.load_rules(write_rules(SHIFTS.replace("CONDITION", "exists i in [1]: i == 2")))
+    (rule,) = rules.rules
+    adapter = Counting(_shifts())
+    driver = Driver(rules.rules, adapter, registered_predicates())
+    anchors = list(driver.candidates(rule))
+    decided = [driver.decide(rule, anchor) for anchor in anchors]
+    # x's uses (the USES Negs) listed once for all the anchors, not once each.
+    assert adapter.listed == USES
+    explained = {e.anchor: e for e in explain(rules.rules, OnnxAdapter(_shifts()), registered_predicates())}
+    for anchor, decision in zip(anchors, decided):
+        name = adapter.op_name(anchor)
+        assert not decision.fires and explained[name].truth == str(decision.truth) == "no"
+        # An even layer's q has rank 2, as every use of x: it fails on the last condition instead.
+        failed = "every use" if int(name[3:]) % 2 else "exists"
+        assert explained[name].condition.startswith(failed), explained[name]
+
+
+def test_counted_uses_fire_as_the_walk_would(write_rules):
+    built = _shifts()
+    feeds = {"x": np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)}
+    expected = _run(built, feeds)
+    statistics = rewrite.load_rules(write_rules(SHIFTS.replace("CONDITION", "true"))).apply(built)
+    onnx.checker.check_model(built, full_check=True)
+    # Every use of x has rank 2; q of rank 2 only in the even layers: those become Subs.
+    assert statistics.fires == USES // 2
+    ops = [n.op_type for n in built.graph.node]
+    assert (ops.count("Sub"), ops.count("Add"), ops.count("Neg")) == (USES // 2, USES // 2, USES // 2)
+    np.testing.assert_array_equal(_run(built, feeds)[0], expected[0])
+
+
+def test_a_walk_over_uses_waits_for_the_cheap_conditions_after_it(write_rules):
+    # Not one feature (an `or`): walked; the rank test after it refuses first.
+    text = SHIFTS.replace("rank(%u) == rank(%q)", "rank(%u) == rank(%q) or rank(%u) == 0")
+    rules = rewrite.load_rules(write_rules(text.replace("CONDITION", "rank(%q) == 7")))
+    (rule,) = rules.rules
+    adapter = Counting(_shifts())
+    driver = Driver(rules.rules, adapter, registered_predicates())
+    for anchor in driver.candidates(rule):
+        assert not driver.decide(rule, anchor).fires
+    assert adapter.listed == 0
+    explained = explain(rules.rules, OnnxAdapter(_shifts()), registered_predicates())
+    assert {e.failed for e in explained} == {"rank(%q) == 7"}
