@@ -369,10 +369,13 @@ class CompiledConditions:
         other_of, operator = self.value(other), body.operator
         compare = _comparison(operator, feature_left)
 
-        def uses(value):
-            for consumer in adapter.consumers(value):
+        def of_use(function):
+            # A use without an output reads as the call of a missing value: unknown.
+            def feature(consumer):
                 outputs = adapter.outputs(consumer)
-                yield outputs[0] if outputs else None
+                return function(outputs[0]) if outputs else UNKNOWN
+
+            return feature
 
         def counted(value, env):
             feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
@@ -381,8 +384,7 @@ class CompiledConditions:
             key, function = feature
             if key is _CONSTANT:
                 return None  # the same for every use: the walk costs one comparison a use
-            # A use without an output reads as the call of a missing value: unknown.
-            summary = verdicts.summary(key, value, lambda: Counts(_of_present(function)), uses)
+            summary = verdicts.summary(key, value, lambda: Counts(of_use(function)))
             if summary is None:
                 return None
             total = sum(summary.counts.values())
@@ -463,14 +465,14 @@ class CompiledConditions:
 
             return counted
 
+        def judge(consumer, value):
+            outputs = adapter.outputs(consumer)
+            return body({of: value, variable: outputs[0] if outputs else None})
+
         def every(env):
             value = env[of]
-            kept = verdicts.get(expr, value, env)
-            if kept is not None:
-                return kept
-            result = walk(value, env)
-            verdicts.put(expr, value, env, result)
-            return result
+            kept = verdicts.verdict(expr, value, env, judge)
+            return walk(value, env) if kept is None else kept
 
         return every
 
@@ -677,10 +679,6 @@ def _mentions(expr, name: str) -> bool:
 
 _NOTHING = object()  # the operand a summary over uses leaves out: none
 
-
-def _of_present(function):
-    """`function` of a use's output, unknown where the use has none (what the builtin call gives for it)."""
-    return lambda value: UNKNOWN if value is None else function(value)
 
 
 def _comparison(operator: str, feature_left: bool):

@@ -174,31 +174,70 @@ def _reads_only(node, bound: frozenset[str], constants: set[str]) -> bool:
     return False
 
 
+class UseTally:
+    """A body's verdict at each distinct use of one value, and how many of each verdict.
+
+    `judge(consumer)` is the body's verdict with the use bound to that
+    consumer's output: the same for a consumer as long as it exists (the
+    body reads nothing else that a run changes), so a use that comes or goes
+    moves one count. Added and dropped like `operands.Counts`.
+    """
+
+    __slots__ = ("judge", "of", "counts")
+
+    def __init__(self, judge: Callable[[Any], Truth]):
+        self.judge = judge
+        self.of: dict = {}  # consumer -> its verdict
+        self.counts = {Truth.YES: 0, Truth.NO: 0, Truth.UNKNOWN: 0}
+
+    def add(self, consumer, times: int) -> None:
+        verdict = self.of[consumer] = self.judge(consumer)
+        self.counts[verdict] += 1
+
+    def drop(self, consumer, times: int) -> None:
+        self.counts[self.of.pop(consumer)] -= 1
+
+    def verdict(self) -> Truth:
+        """Kleene's `and` of the verdicts: what walking the uses gives."""
+        if self.counts[Truth.NO]:
+            return Truth.NO
+        return Truth.UNKNOWN if self.counts[Truth.UNKNOWN] else Truth.YES
+
+
 class UseVerdicts:
-    """Verdicts of `every use %u of %v: body` per value, kept while its uses stay the same.
+    """What `every use %u of %v: body` reads of the uses of %v, kept per value.
 
-    Only for a body that reads nothing but %u, %v and named constants, through
-    `_STABLE_BUILTINS`: its verdict is then a function of which ops use %v,
-    and `Adapter.uses_version` says when that changes. Nothing is kept for an
-    adapter without it, or where a binding shadows a named constant the body reads.
+    For a body that reads nothing but %u, %v and named constants, through
+    `_STABLE_BUILTINS`, its verdict at each use is a function of that use's
+    op alone: a `UseTally` of the uses keeps them, and the quantifier's
+    verdict is read off its counts. For a body that compares one feature of
+    %u with something of the anchor's (`rank(%u) == rank(%x)`), the
+    feature's counts over the uses (`operands.Counts`, keyed by the using
+    op) are the same for every anchor (`summary`; compiled.py reads them).
 
-    A body that compares one feature of %u with something of the anchor's
-    (`rank(%u) == rank(%x)`) has no verdict to keep, but the feature's counts
-    over the uses are the same for every anchor: `summary` keeps those, as
-    an `operands.Record` keeps a wide op's operands' (compiled.py reads them).
+    Either kind is built by listing the uses once and is kept up to date
+    with the run's edits, which the rewriter tells (`before` an edit, then
+    `after` it, with the uses it added and dropped): a value read by every
+    layer is walked once per run, not once per anchor or per edit. Each
+    kept summary records `Adapter.uses_version` as of its last update; one
+    whose value's uses changed in a way it was not told of (an adapter's own
+    bridge, an edit outside the rewriter) is listed afresh. Nothing is kept
+    for an adapter without `uses_version`, or where a binding shadows a
+    named constant the body reads.
     """
 
     def __init__(self, adapter: Adapter):
+        self.adapter = adapter
         self.version_of = uses_versioner(adapter)
         # id(expr) -> (expr, the named constants its body reads, or None: not kept)
         self._bodies: dict[int, tuple[Any, frozenset[str] | None]] = {}
-        # (id(expr), value) -> (expr, uses version, verdict)
-        self._verdicts: dict[tuple[int, Any], tuple[Any, int, Truth]] = {}
-        # (summary key, value) -> (uses version, summary of a feature over its uses)
-        self._summaries: dict[tuple[Any, Any], tuple[int, Any]] = {}
+        # (id(expr) or a summary's key, value) -> [uses version at the last update, tally or counts]
+        self._kept: dict[tuple[Any, Any], list] = {}
+        # value -> the keys of `_kept` that summarize its uses
+        self._of_value: dict[Any, set] = {}
 
     def keeps(self, expr: ast.EveryUse) -> bool:
-        """Whether verdicts of `expr` can be kept at all."""
+        """Whether `expr`'s verdicts can be kept at all."""
         return self._constants(expr) is not None
 
     def _constants(self, expr: ast.EveryUse) -> frozenset[str] | None:
@@ -210,58 +249,88 @@ class UseVerdicts:
             found = self._bodies[id(expr)] = (expr, frozenset(constants) if reads_only else None)
         return found[1]
 
-    def _key(self, expr: ast.EveryUse, value, env: Environment):
+    def verdict(self, expr: ast.EveryUse, value, env: Environment, judge) -> Truth | None:
+        """The quantifier's verdict over `value`'s uses, from its kept tally (made now
+        if there is none: `judge(consumer, value)` decides the body at one use);
+        None where nothing is kept."""
         constants = self._constants(expr)
         if constants is None or not constants.isdisjoint(env):
             return None
+        tally = self._fresh((id(expr), value), value, lambda: UseTally(lambda consumer: judge(consumer, value)))
+        return None if tally is None else tally.verdict()
+
+    def summary(self, key, value, make: Callable[[], Any]):
+        """The summary named `key` of one feature over the uses of `value`: `make()`,
+        to which each using op is added once; kept up to date (see the class
+        docstring); None where it cannot be kept or counted."""
+        if self.version_of is None:
+            return None
+        return self._fresh((key, value), value, make)
+
+    def _fresh(self, key, value, make):
         if value is None or value is ABSENT or value is UNKNOWN or isinstance(value, (list, tuple, OperandsExcept)):
             return None
-        return (id(expr), value)
-
-    def get(self, expr: ast.EveryUse, value, env: Environment) -> Truth | None:
-        """The verdict kept for `value`, if its uses are as they were when it was reached."""
-        key = self._key(expr, value, env)
-        if key is None:
-            return None
         try:
-            found = self._verdicts.get(key)
+            found = self._kept.get(key)
         except TypeError:  # a value that is no key
             return None
-        if found is None or found[0] is not expr or found[1] != self.version_of(value):
-            return None
-        return found[2]
-
-    def put(self, expr: ast.EveryUse, value, env: Environment, verdict: Truth) -> None:
-        key = self._key(expr, value, env)
-        if key is None:
-            return
-        try:
-            self._verdicts[key] = (expr, self.version_of(value), verdict)
-        except TypeError:
-            pass
-
-    def summary(self, key, value, make: Callable[[], Any], uses: Callable[[Any], Any]):
-        """A summary named `key` of one feature over the uses of `value` (`make()`,
-        each use added once), kept until the value's uses change; None where it
-        cannot be kept or counted. `uses(value)` lists what to add."""
-        if self.version_of is None or value is None or value is ABSENT or value is UNKNOWN \
-                or isinstance(value, (list, tuple, OperandsExcept)):
-            return None
         version = self.version_of(value)
-        try:
-            found = self._summaries.get((key, value))
-        except TypeError:
-            return None
         if found is not None and found[0] == version:
-            return found[1]
+            return found[1]  # None: a feature that cannot be counted, until the uses change
         summary = make()
         try:
-            for use in uses(value):
-                summary.add(use, 1)
+            for consumer in self.adapter.consumers(value):
+                summary.add(consumer, 1)
         except TypeError:  # a feature that cannot be counted
             summary = None
-        self._summaries[(key, value)] = (version, summary)
+        self._kept[key] = [version, summary]
+        self._of_value.setdefault(value, set()).add(key)
         return summary
+
+    # ---- the edits of a run, told by the rewriter
+
+    def before(self, values) -> list:
+        """Before an edit that may change the uses of `values`: the summaries of them
+        that are up to date, to be updated by `after`."""
+        if not self._of_value:
+            return []
+        pending = []
+        version_of = self.version_of
+        for value in values:
+            try:
+                keys = self._of_value.get(value)
+            except TypeError:
+                continue
+            if not keys:
+                continue
+            version = version_of(value)
+            for key in keys:
+                entry = self._kept[key]
+                if entry[0] == version and entry[1] is not None:
+                    pending.append((value, entry))
+        return pending
+
+    def after(self, pending: list, changes: dict, unknown=()) -> None:
+        """After the edit: `changes` maps a value to (the ops that started using it,
+        those that stopped); a value in `unknown` may have changed otherwise too
+        and is listed afresh when next asked."""
+        version_of = self.version_of
+        for value, entry in pending:
+            if value in unknown:
+                entry[0] = -1  # no version: listed afresh
+                continue
+            added, dropped = changes.get(value, ((), ()))
+            summary = entry[1]
+            try:
+                for consumer in dropped:
+                    if consumer in summary.of:
+                        summary.drop(consumer, 1)
+                for consumer in added:
+                    if consumer not in summary.of:
+                        summary.add(consumer, 1)
+            except TypeError:  # uncountable now: listed afresh once the uses change again
+                entry[1] = None
+            entry[0] = version_of(value)
 
 
 class Evaluator:
@@ -458,11 +527,21 @@ class Evaluator:
     def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
         value = env[expr.of]
         # A kept yes has no failure to report; any other verdict walks, to name the use.
-        if self.use_verdicts.get(expr, value, env) is Truth.YES:
+        if self.use_verdicts.verdict(expr, value, env, self._judge(expr)) is Truth.YES:
             return Truth.YES
-        result = self._walk_uses(expr, value, env)
-        self.use_verdicts.put(expr, value, env, result)
-        return result
+        return self._walk_uses(expr, value, env)
+
+    def _judge(self, expr: ast.EveryUse):
+        """The body's verdict at one use of a value, recording no failure (`UseVerdicts`)."""
+
+        def judge(consumer, value) -> Truth:
+            outputs = self.adapter.outputs(consumer)
+            failure = self.failure
+            verdict = self.truth(expr.body, {expr.of: value, expr.variable: outputs[0] if outputs else None})
+            self.failure = failure
+            return verdict
+
+        return judge
 
     def _walk_uses(self, expr: ast.EveryUse, value, env: Environment) -> Truth:
         result = Truth.YES

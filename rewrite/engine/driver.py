@@ -301,7 +301,7 @@ class Driver:
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
-                remove_dead(self.adapter, refused.built, self.operand_table)
+                remove_dead(self.adapter, refused.built, self.operand_table, self.evaluator.use_verdicts)
                 self.refusals.append((rule.name, anchor, refused.refusal))
                 if isinstance(refused.refusal, (Unevaluable, Unavailable)):
                     # The rule's own rewrite says "not here", as a condition
@@ -315,7 +315,8 @@ class Driver:
                         f"the shape guard refused it: {refused.refusal}")
                     raise UnsoundRewriteError(rule.name, str(why)) from None
                 return False
-            self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table)
+            self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table,
+                                                       self.evaluator.use_verdicts)
             statistics.fires += 1
             return True
         finally:

@@ -57,13 +57,17 @@ def _model(extra_use: bool = False) -> onnx.ModelProto:
 
 
 class Counting(OnnxAdapter):
-    """Counts the consumers listed: what walking the uses costs."""
+    """Counts the consumers listed (what walking the uses costs), in all and per value name."""
 
-    listed = 0
+    def __init__(self, model):
+        super().__init__(model)
+        self.listed = 0
+        self.of: dict[str, int] = {}
 
     def consumers(self, value):
         found = super().consumers(value)
         self.listed += len(found)
+        self.of[value.name] = self.of.get(value.name, 0) + len(found)
         return found
 
 
@@ -270,3 +274,121 @@ def test_a_walk_over_uses_waits_for_the_cheap_conditions_after_it(write_rules):
     assert adapter.listed == 0
     explained = explain(rules.rules, OnnxAdapter(_shifts()), registered_predicates())
     assert {e.failed for e in explained} == {"rank(%q) == 7"}
+
+
+# ------------------------------------------------------------ kept tallies follow the run's edits
+
+GUARDED = """
+dialect onnx
+rule drop_double_neg_while_no_cast_reads_the_shape
+  "-(-y) is y (the every use is a guard that an edit of another rule turns to no)."
+  match %r = Reshape(data=%n, shape=%s)
+  where %n is Neg(X=%m) and %m is Neg(X=%y)
+  where every use %u of %s: op_type(%u) != "Cast"
+  rewrite %n -> %y
+
+rule drop_identity
+  "An Identity is its input."
+  match %t = Identity(input=%v)
+  rewrite %t -> %v
+"""
+
+
+def _guarded() -> onnx.ModelProto:
+    """Per layer Reshape(Neg(Neg(Neg(Neg(prev)))), s), s = Shape(x); last, Cast(Identity(s)) out.
+
+    The rule drops two Negs a sweep per layer. At the end of sweep 1 the
+    Identity goes and the Cast reads s: sweep 2 must see it."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"])]
+    previous = "x"
+    for layer in range(LAYERS):
+        for step in range(4):
+            nodes.append(helper.make_node("Neg", [previous], [f"n{layer}_{step}"]))
+            previous = f"n{layer}_{step}"
+        nodes.append(helper.make_node("Reshape", [previous, "s"], [f"r{layer}"], name=f"reshape{layer}"))
+        previous = f"r{layer}"
+    nodes += [helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Cast", ["t"], ["c"], to=TensorProto.FLOAT)]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "guarded", [value("x", TensorProto.FLOAT, ["batch", 4])],
+                              [value(previous, TensorProto.FLOAT, ["batch", 4]), value("c", TensorProto.FLOAT, [2])])
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(built, full_check=True)
+    return built
+
+
+def test_a_use_another_rule_adds_turns_a_kept_verdict(write_rules):
+    built = _guarded()
+    feeds = {"x": np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)}
+    expected = _run(built, feeds)
+    rules = rewrite.load_rules(write_rules(GUARDED))
+    adapter = Counting(built)
+    statistics = rules.apply_with(adapter)
+    adapter.release()
+    onnx.checker.check_model(built, full_check=True)
+    for old, new in zip(expected, _run(built, feeds)):
+        np.testing.assert_array_equal(old, new)
+    kinds = [n.op_type for n in built.graph.node]
+    # Sweep 1: two Negs of each layer go, then the Identity. Sweep 2: a Cast reads s, nothing more fires.
+    assert statistics.fired("drop_double_neg_while_no_cast_reads_the_shape") == LAYERS
+    assert statistics.fired("drop_identity") == 1 and statistics.sweeps == 2
+    assert (kinds.count("Neg"), kinds.count("Identity"), kinds.count("Cast")) == (2 * LAYERS, 0, 1)
+    # s's uses (the Reshapes and the Identity) listed once: the Cast joined the kept tally when it moved.
+    assert adapter.of["s"] == LAYERS + 1
+    explained = explain(rules.rules, OnnxAdapter(built), registered_predicates())
+    assert {e.condition for e in explained if e.rule.startswith("drop_double")} == {
+        'every use %u of %s: op_type(%u) != "Cast"'}
+
+
+def test_a_use_the_run_removes_leaves_the_kept_tally_right(write_rules):
+    """Each fire removes a use of s (the Reshape): the tally is told, never listed again."""
+    text = """
+    dialect onnx
+    rule reshapes
+      "A Reshape of y to Shape(x), y of x's shape, every use of which is a Reshape, is y."
+      match %r = Reshape(data=%n, shape=%s)
+      where %s is Shape(data=%x)
+      where every use %u of %s: op_type(%u) == "Reshape"
+      where shape(%n) == shape(%x)
+      rewrite %r -> %n
+    """
+    built = _model(extra_use=False)
+    feeds = {"x": np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)}
+    expected = _run(built, feeds)
+    adapter = Counting(built)
+    statistics = rewrite.load_rules(write_rules(text)).apply_with(adapter)
+    adapter.release()
+    np.testing.assert_array_equal(_run(built, feeds)[0], expected[0])
+    kinds = [n.op_type for n in built.graph.node]
+    assert statistics.fires == LAYERS and (kinds.count("Reshape"), kinds.count("Shape")) == (0, 0)
+    assert adapter.of["s"] == LAYERS
+
+
+MIL_RULES = """
+dialect mil
+rule untile_while_every_use_of_the_mean_is_a_tile
+  "mul broadcasts: it reads the mean itself, not its tile (while every use of the mean is a tile)."
+  match %p = mul(x=%x, y=%t)
+  where %t is tile(x=%m, reps=_)
+  where every use %u of %m: op_type(%u) == "tile"
+  where rank(%m) == rank(%x) and dim(%m, 1) == 1 and dim(%x, 0) == dim(%m, 0)
+  rewrite %t -> %m in %p
+"""
+
+
+def test_mil_a_kept_tally_follows_the_uses_the_run_changes(write_rules):
+    """The first fire makes a mul read the mean: no longer every use is a tile, and nothing more fires."""
+    from tests.engine.test_scale_mil import CountingAdapter, _counts, _outputs
+
+    program = fan_out(30)
+    expected = _outputs(program)
+    adapter = CountingAdapter(MilAdapter(program))
+    statistics = rewrite.load_rules(write_rules(MIL_RULES)).apply_with(adapter)
+    program.validate()
+    for want, got in zip(expected, _outputs(program)):
+        for name in want:
+            np.testing.assert_array_equal(want[name], got[name])
+    counts = _counts(program)
+    assert statistics.fires == 1 and statistics.sweeps == 2
+    assert (counts["tile"], counts["mul"]) == (29, 30)
+    # The 30 uses listed once; the tally then learned of the mul (and the tile's removal).
+    assert adapter.listed <= 30 + 30
