@@ -313,23 +313,13 @@ class CompiledConditions:
                 return _verdict(forall, found, 0, total - found)
 
             return same
-        if kind is not ast.Compare:
+        compiled = self._feature_comparison(body, variable)
+        if compiled is None:
             return None
-        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
-            call, other, feature_left = body.left, body.right, True
-        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
-            call, other, feature_left = body.right, body.left, False
-        else:
-            return None
-        canonical = _FEATURES[call.function]
-        adapter = self.evaluator.adapter
-        arguments = [self.value(argument) for argument in call.arguments[1:]]
-        keywords = [(name, self.value(argument)) for name, argument in call.keywords]
-        other_of, operator = self.value(other), body.operator
-        compare = _comparison(operator, feature_left)
+        feature_of, other_of, operator, compare = compiled
 
         def compared(view: OperandsExcept, env):
-            feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+            feature = feature_of(env)
             if feature is None:
                 return None
             rhs = other_of(env)
@@ -347,13 +337,11 @@ class CompiledConditions:
 
         return compared
 
-    def _over_uses(self, expr: ast.EveryUse):
-        """`every use %u of %v: feature(%u, ...) <op> other`, `other` and the
-        feature's arguments not reading %u, answered from the feature's counts
-        over the uses of %v (`UseVerdicts.summary`), which every anchor asking
-        about %v shares; None for any other body. The function returns None
-        when it cannot answer, and the uses are walked instead."""
-        body, variable = expr.body, expr.variable
+    def _feature_comparison(self, body, variable: str):
+        """For a body `feature(x, ...) <op> other` (either way round), x the quantified
+        variable and nothing else reading it: (the feature's summary key and function
+        for an environment, the other side, the operator, the comparison with the
+        feature on its side); None for any other body."""
         if type(body) is not ast.Compare:
             return None
         if _feature_call(body.left, variable) and not _mentions(body.right, variable):
@@ -362,12 +350,26 @@ class CompiledConditions:
             call, other, feature_left = body.right, body.left, False
         else:
             return None
-        canonical = _FEATURES[call.function]
-        adapter, verdicts = self.evaluator.adapter, self.evaluator.use_verdicts
+        canonical, adapter = _FEATURES[call.function], self.evaluator.adapter
         arguments = [self.value(argument) for argument in call.arguments[1:]]
         keywords = [(name, self.value(argument)) for name, argument in call.keywords]
-        other_of, operator = self.value(other), body.operator
-        compare = _comparison(operator, feature_left)
+
+        def feature_of(env):
+            return canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+
+        return feature_of, self.value(other), body.operator, _comparison(body.operator, feature_left)
+
+    def _over_uses(self, expr: ast.EveryUse):
+        """`every use %u of %v: feature(%u, ...) <op> other`, `other` and the
+        feature's arguments not reading %u, answered from the feature's counts
+        over the uses of %v (`UseVerdicts.summary`), which every anchor asking
+        about %v shares; None for any other body. The function returns None
+        when it cannot answer, and the uses are walked instead."""
+        compiled = self._feature_comparison(expr.body, expr.variable)
+        if compiled is None:
+            return None
+        feature_of, other_of, operator, compare = compiled
+        adapter, verdicts = self.evaluator.adapter, self.evaluator.use_verdicts
 
         def of_use(function):
             # A use without an output reads as the call of a missing value: unknown.
@@ -378,7 +380,7 @@ class CompiledConditions:
             return feature
 
         def counted(value, env):
-            feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+            feature = feature_of(env)
             if feature is None:
                 return None
             key, function = feature
