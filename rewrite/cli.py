@@ -494,6 +494,12 @@ def _progress_bar(ops: int) -> _ProgressBar | None:
 
 def _report(arguments, statistics, source, destination, details: dict) -> None:
     ops_before, ops_after = statistics.ops_before, statistics.ops_after
+    # On stderr in every mode: a rule skipped for its match budget did not
+    # fire where it might have, and the user should know which one.
+    for name, rule in statistics.rules.items():
+        if rule.exhausted:
+            print(f"note: rule '{name}' was skipped at {_plural(rule.exhausted, 'anchor')}: matching it there "
+                  "took more than its budget of structural attempts (see 'rewrite explain')", file=sys.stderr)
     if arguments.json:
         document = {
             "input": str(source),
@@ -512,6 +518,8 @@ def _report(arguments, statistics, source, destination, details: dict) -> None:
         line = f"{name:<{width}}  fired {rule.fires}"
         if arguments.stats:
             line += f"  tried {rule.attempts}  {rule.seconds * 1000:.2f} ms"
+            if rule.exhausted:
+                line += f"  skipped {rule.exhausted} (match budget)"
         print(line)
     fires = sum(rule.fires for rule in statistics.rules.values())
     fired_rules = sum(rule.fires > 0 for rule in statistics.rules.values())

@@ -83,6 +83,7 @@ def _add(total: Statistics, run: Statistics) -> None:
         into.fires += rule.fires
         into.refused += rule.refused
         into.unevaluable += rule.unevaluable
+        into.exhausted += rule.exhausted
         into.seconds += rule.seconds
 
 

@@ -43,6 +43,7 @@ from rewrite.engine.conditions import (
     _op_type,
     _rank,
     _right_dim,
+    cheap_first,
     conjuncts,
     domain_list,
 )
@@ -75,14 +76,15 @@ class CompiledConditions:
                  lazy_rests: frozenset[int] = frozenset()):
         self.evaluator = evaluator
         self.table = table
-        self.matcher = evaluator.matcher if table is None else Matcher(evaluator.adapter, table, lazy_rests)
+        shared = evaluator.matcher
+        self.matcher = shared if table is None else Matcher(evaluator.adapter, table, lazy_rests, shared.budget)
         self._conjunctions: dict[int, tuple[list, Conjunction]] = {}
 
     def holds(self, exprs: list, env: Environment) -> Verdict:
         """What `Evaluator.holds` answers, without recording failures."""
         cached = self._conjunctions.get(id(exprs))
         if cached is None or cached[0] is not exprs:
-            flat = [part for expr in exprs for part in conjuncts(expr)]
+            flat = cheap_first([part for expr in exprs for part in conjuncts(expr)])
             cached = (exprs, self.conjunction(flat))
             self._conjunctions[id(exprs)] = cached
         self.evaluator._constants.clear()
@@ -311,23 +313,13 @@ class CompiledConditions:
                 return _verdict(forall, found, 0, total - found)
 
             return same
-        if kind is not ast.Compare:
+        compiled = self._feature_comparison(body, variable)
+        if compiled is None:
             return None
-        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
-            call, other, feature_left = body.left, body.right, True
-        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
-            call, other, feature_left = body.right, body.left, False
-        else:
-            return None
-        canonical = _FEATURES[call.function]
-        adapter = self.evaluator.adapter
-        arguments = [self.value(argument) for argument in call.arguments[1:]]
-        keywords = [(name, self.value(argument)) for name, argument in call.keywords]
-        other_of, operator = self.value(other), body.operator
-        compare = _comparison(operator, feature_left)
+        feature_of, other_of, operator, compare = compiled
 
         def compared(view: OperandsExcept, env):
-            feature = canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+            feature = feature_of(env)
             if feature is None:
                 return None
             rhs = other_of(env)
@@ -344,6 +336,63 @@ class CompiledConditions:
             return _verdict(forall, *_tally(summary, summary.of[view.excluded], total, rhs, operator, compare))
 
         return compared
+
+    def _feature_comparison(self, body, variable: str):
+        """For a body `feature(x, ...) <op> other` (either way round), x the quantified
+        variable and nothing else reading it: (the feature's summary key and function
+        for an environment, the other side, the operator, the comparison with the
+        feature on its side); None for any other body."""
+        if type(body) is not ast.Compare:
+            return None
+        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
+            call, other, feature_left = body.left, body.right, True
+        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
+            call, other, feature_left = body.right, body.left, False
+        else:
+            return None
+        canonical, adapter = _FEATURES[call.function], self.evaluator.adapter
+        arguments = [self.value(argument) for argument in call.arguments[1:]]
+        keywords = [(name, self.value(argument)) for name, argument in call.keywords]
+
+        def feature_of(env):
+            return canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+
+        return feature_of, self.value(other), body.operator, _comparison(body.operator, feature_left)
+
+    def _over_uses(self, expr: ast.EveryUse):
+        """`every use %u of %v: feature(%u, ...) <op> other`, `other` and the
+        feature's arguments not reading %u, answered from the feature's counts
+        over the uses of %v (`UseVerdicts.summary`), which every anchor asking
+        about %v shares; None for any other body. The function returns None
+        when it cannot answer, and the uses are walked instead."""
+        compiled = self._feature_comparison(expr.body, expr.variable)
+        if compiled is None:
+            return None
+        feature_of, other_of, operator, compare = compiled
+        adapter, verdicts = self.evaluator.adapter, self.evaluator.use_verdicts
+
+        def of_use(function):
+            # A use without an output reads as the call of a missing value: unknown.
+            def feature(consumer):
+                outputs = adapter.outputs(consumer)
+                return function(outputs[0]) if outputs else UNKNOWN
+
+            return feature
+
+        def counted(value, env):
+            feature = feature_of(env)
+            if feature is None:
+                return None
+            key, function = feature
+            if key is _CONSTANT:
+                return None  # the same for every use: the walk costs one comparison a use
+            summary = verdicts.summary(key, value, lambda: Counts(of_use(function)))
+            if summary is None:
+                return None
+            total = sum(summary.counts.values())
+            return _verdict(True, *_tally(summary, _NOTHING, total, other_of(env), operator, compare))
+
+        return counted
 
     def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body):
         """A quantifier whose filter binds nothing: the same verdicts as the
@@ -393,17 +442,39 @@ class CompiledConditions:
 
     def _every_use(self, expr: ast.EveryUse) -> TruthFunction:
         adapter, of, variable, body = self.evaluator.adapter, expr.of, expr.variable, self.truth(expr.body)
+        verdicts = self.evaluator.use_verdicts
 
-        def every(env):
+        def walk(value, env):
             result = YES
             inner = dict(env)
-            for consumer in adapter.consumers(env[of]):
+            for consumer in adapter.consumers(value):
                 outputs = adapter.outputs(consumer)
                 inner[variable] = outputs[0] if outputs else None
                 result = result & body(inner)
                 if result is NO:
                     return result
             return result
+
+        if not verdicts.keeps(expr):
+            summarized = self._over_uses(expr)
+            if summarized is None:
+                return lambda env: walk(env[of], env)
+
+            def counted(env):
+                value = env[of]
+                found = summarized(value, env)
+                return walk(value, env) if found is None else found
+
+            return counted
+
+        def judge(consumer, value):
+            outputs = adapter.outputs(consumer)
+            return body({of: value, variable: outputs[0] if outputs else None})
+
+        def every(env):
+            value = env[of]
+            kept = verdicts.verdict(expr, value, env, judge)
+            return walk(value, env) if kept is None else kept
 
         return every
 
@@ -587,20 +658,29 @@ _FEATURES = {
 
 
 def _feature_call(expr, variable: str) -> bool:
-    """`f(x, ...)` of a summarized builtin, x the quantified variable, and nothing else reading x."""
+    """`f(x, ...)` of a summarized builtin, x the quantified variable (a name, or
+    a `%u` of every use), and nothing else reading x."""
     return (
         type(expr) is ast.Call
         and expr.function in _FEATURES
         and bool(expr.arguments)
-        and type(expr.arguments[0]) is ast.NameRef
-        and expr.arguments[0].name == variable
+        and _names(expr.arguments[0], variable)
         and not any(_mentions(argument, variable) for argument in expr.arguments[1:])
         and not any(_mentions(argument, variable) for _, argument in expr.keywords)
     )
 
 
+def _names(node, variable: str) -> bool:
+    kind = type(node)
+    return (kind is ast.NameRef and node.name == variable) or (kind is ast.ValueRef and node.var == variable)
+
+
 def _mentions(expr, name: str) -> bool:
-    return any(type(node) is ast.NameRef and node.name == name for node in ast.walk(expr))
+    return any(_names(node, name) for node in ast.walk(expr))
+
+
+_NOTHING = object()  # the operand a summary over uses leaves out: none
+
 
 
 def _comparison(operator: str, feature_left: bool):

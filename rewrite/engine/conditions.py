@@ -8,6 +8,12 @@ unknown stays unknown, so it can never make a rule fire.
 A conjunction is evaluated left to right, and an unnegated `%v is op(...)`
 in it binds for the conjuncts after it: the conjunction holds if some way
 of matching makes the rest hold.
+
+`every use %u of %v: body` walks the uses of %v. Where the body reads
+nothing but the use, %v and named constants, through builtins whose answers
+a run does not change (`UseVerdicts`), its verdict is kept per value until
+the value's uses change (`Adapter.uses_version`): a value feeding every
+layer is walked once, not once per anchor that asks about it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rewrite.engine.interfaces import Adapter, use_counter
+from rewrite.engine.interfaces import Adapter, use_counter, uses_versioner
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import OperandsExcept
@@ -78,6 +84,255 @@ def conjuncts(expr) -> list:
     return [expr]
 
 
+_COSTLY = (ast.EveryUse, ast.Quantifier, ast.Comprehension, ast.Matches)
+
+
+def _cheap(expr) -> bool:
+    """A conjunct that binds nothing and costs about the same at every anchor:
+    no pattern, no quantifier, only builtins (a predicate may cost anything)."""
+    for node in ast.walk(expr):
+        if isinstance(node, _COSTLY) or (type(node) is ast.SameValue and not node.negated):
+            return False
+        if type(node) is ast.Call and (node.function not in _BUILTINS or node.function == "internal"):
+            return False
+    return True
+
+
+def cheap_first(items: list) -> list:
+    """The conjuncts of a rule, each one that walks uses moved after the cheap ones
+    that follow it (up to the next that binds or costs more).
+
+    Kleene's `and` gives the same verdict in any order, and the conjuncts
+    moved past bind nothing, so each reads what it read before; only a
+    walk over thousands of uses is no longer made at an anchor that a
+    cheap test refuses. Both evaluators use this order, so explain reports
+    the failure apply met.
+    """
+    ordered = list(items)
+    position = 0
+    while position < len(ordered):
+        if any(type(node) is ast.EveryUse for node in ast.walk(ordered[position])):
+            end = position + 1
+            while end < len(ordered) and _cheap(ordered[end]):
+                end += 1
+            if end > position + 1:
+                ordered[position:end] = [*ordered[position + 1:end], ordered[position]]
+                position = end
+                continue
+        position += 1
+    return ordered
+
+
+# Builtins whose answer for the same arguments a run does not change: they
+# read a value's type (which the shape guard keeps), constant, producer or
+# that op's attributes, or compute on numbers and lists. Not those reading
+# uses (`use_count`, `one_use`, `block_output`, `internal`, the scaling
+# chain's) or following producers' operands (`elements`, the bounds).
+_STABLE_BUILTINS = frozenset({
+    "is_nan", "is_inf", "is_finite", "close", "as_dtype", "uniform", "rank", "dim", "shape", "axes",
+    "aligned_dim", "is_const", "absent", "const", "is_symbolic", "is_known", "dtype", "is_input", "same_block",
+    "broadcasts", "op_type", "attribute", "contains", "gather", "lowest", "max_finite", "lowest_finite",
+    "zero_of", "max_of", "max_abs", "normalized_axes", "represents", "len", "range", "abs", "sqrt",
+    "every_row_any", "mod",
+})
+
+
+def _reads_only(node, bound: frozenset[str], constants: set[str]) -> bool:
+    """Whether `node` reads no variable but `bound` (and named constants, collected
+    in `constants`) and calls only `_STABLE_BUILTINS`; patterns and uses make it no."""
+    kind = type(node)
+    if kind is ast.Literal:
+        return True
+    if kind is ast.ValueRef:
+        return node.var in bound
+    if kind is ast.NameRef:
+        if node.name in bound:
+            return True
+        constants.add(node.name)
+        return node.name in NAMED_CONSTANTS
+    if kind is ast.Not:
+        return _reads_only(node.operand, bound, constants)
+    if kind in (ast.And, ast.Or, ast.Compare, ast.Arithmetic):
+        return _reads_only(node.left, bound, constants) and _reads_only(node.right, bound, constants)
+    if kind is ast.ListExpr:
+        return all(_reads_only(item, bound, constants) for item in node.items)
+    if kind is ast.Index:
+        return _reads_only(node.base, bound, constants) and _reads_only(node.index, bound, constants)
+    if kind is ast.Conditional:
+        return all(_reads_only(part, bound, constants) for part in (node.condition, node.then, node.otherwise))
+    if kind is ast.Call:
+        return (node.function in _STABLE_BUILTINS
+                and all(_reads_only(argument, bound, constants) for argument in node.arguments)
+                and all(_reads_only(argument, bound, constants) for _, argument in node.keywords))
+    if kind is ast.SameValue:
+        return node.var in bound and _reads_only(node.left, bound, constants)  # compares; binds nothing
+    if kind is ast.Quantifier or kind is ast.Comprehension:
+        inner = bound | {node.variable}
+        parts = [getattr(node, name, None) for name in ("filter", "body", "item", "keep")]
+        return _reads_only(node.domain, bound, constants) and all(
+            part is None or _reads_only(part, inner, constants) for part in parts)
+    return False
+
+
+class UseTally:
+    """A body's verdict at each distinct use of one value, and how many of each verdict.
+
+    `judge(consumer)` is the body's verdict with the use bound to that
+    consumer's output: the same for a consumer as long as it exists (the
+    body reads nothing else that a run changes), so a use that comes or goes
+    moves one count. Added and dropped like `operands.Counts`.
+    """
+
+    __slots__ = ("judge", "of", "counts")
+
+    def __init__(self, judge: Callable[[Any], Truth]):
+        self.judge = judge
+        self.of: dict = {}  # consumer -> its verdict
+        self.counts = {Truth.YES: 0, Truth.NO: 0, Truth.UNKNOWN: 0}
+
+    def add(self, consumer, times: int) -> None:
+        verdict = self.of[consumer] = self.judge(consumer)
+        self.counts[verdict] += 1
+
+    def drop(self, consumer, times: int) -> None:
+        self.counts[self.of.pop(consumer)] -= 1
+
+    def verdict(self) -> Truth:
+        """Kleene's `and` of the verdicts: what walking the uses gives."""
+        if self.counts[Truth.NO]:
+            return Truth.NO
+        return Truth.UNKNOWN if self.counts[Truth.UNKNOWN] else Truth.YES
+
+
+class UseVerdicts:
+    """What `every use %u of %v: body` reads of the uses of %v, kept per value.
+
+    For a body that reads nothing but %u, %v and named constants, through
+    `_STABLE_BUILTINS`, its verdict at each use is a function of that use's
+    op alone: a `UseTally` of the uses keeps them, and the quantifier's
+    verdict is read off its counts. For a body that compares one feature of
+    %u with something of the anchor's (`rank(%u) == rank(%x)`), the
+    feature's counts over the uses (`operands.Counts`, keyed by the using
+    op) are the same for every anchor (`summary`; compiled.py reads them).
+
+    Either kind is built by listing the uses once and is kept up to date
+    with the run's edits, which the rewriter tells (`before` an edit, then
+    `after` it, with the uses it added and dropped): a value read by every
+    layer is walked once per run, not once per anchor or per edit. Each
+    kept summary records `Adapter.uses_version` as of its last update; one
+    whose value's uses changed in a way it was not told of (an adapter's own
+    bridge, an edit outside the rewriter) is listed afresh. Nothing is kept
+    for an adapter without `uses_version`, or where a binding shadows a
+    named constant the body reads.
+    """
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self.version_of = uses_versioner(adapter)
+        # id(expr) -> (expr, the named constants its body reads, or None: not kept)
+        self._bodies: dict[int, tuple[Any, frozenset[str] | None]] = {}
+        # (id(expr) or a summary's key, value) -> [uses version at the last update, tally or counts]
+        self._kept: dict[tuple[Any, Any], list] = {}
+        # value -> the keys of `_kept` that summarize its uses
+        self._of_value: dict[Any, set] = {}
+
+    def keeps(self, expr: ast.EveryUse) -> bool:
+        """Whether `expr`'s verdicts can be kept at all."""
+        return self._constants(expr) is not None
+
+    def _constants(self, expr: ast.EveryUse) -> frozenset[str] | None:
+        found = self._bodies.get(id(expr))
+        if found is None or found[0] is not expr:
+            constants: set[str] = set()
+            reads_only = self.version_of is not None and _reads_only(
+                expr.body, frozenset((expr.variable, expr.of)), constants)
+            found = self._bodies[id(expr)] = (expr, frozenset(constants) if reads_only else None)
+        return found[1]
+
+    def verdict(self, expr: ast.EveryUse, value, env: Environment, judge) -> Truth | None:
+        """The quantifier's verdict over `value`'s uses, from its kept tally (made now
+        if there is none: `judge(consumer, value)` decides the body at one use);
+        None where nothing is kept."""
+        constants = self._constants(expr)
+        if constants is None or not constants.isdisjoint(env):
+            return None
+        tally = self._fresh((id(expr), value), value, lambda: UseTally(lambda consumer: judge(consumer, value)))
+        return None if tally is None else tally.verdict()
+
+    def summary(self, key, value, make: Callable[[], Any]):
+        """The summary named `key` of one feature over the uses of `value`: `make()`,
+        to which each using op is added once; kept up to date (see the class
+        docstring); None where it cannot be kept or counted."""
+        if self.version_of is None:
+            return None
+        return self._fresh((key, value), value, make)
+
+    def _fresh(self, key, value, make):
+        if value is None or value is ABSENT or value is UNKNOWN or isinstance(value, (list, tuple, OperandsExcept)):
+            return None
+        try:
+            found = self._kept.get(key)
+        except TypeError:  # a value that is no key
+            return None
+        version = self.version_of(value)
+        if found is not None and found[0] == version:
+            return found[1]  # None: a feature that cannot be counted, until the uses change
+        summary = make()
+        try:
+            for consumer in self.adapter.consumers(value):
+                summary.add(consumer, 1)
+        except TypeError:  # a feature that cannot be counted
+            summary = None
+        self._kept[key] = [version, summary]
+        self._of_value.setdefault(value, set()).add(key)
+        return summary
+
+    # ---- the edits of a run, told by the rewriter
+
+    def before(self, values) -> list:
+        """Before an edit that may change the uses of `values`: the summaries of them
+        that are up to date, to be updated by `after`."""
+        if not self._of_value:
+            return []
+        pending = []
+        version_of = self.version_of
+        for value in values:
+            try:
+                keys = self._of_value.get(value)
+            except TypeError:
+                continue
+            if not keys:
+                continue
+            version = version_of(value)
+            for key in keys:
+                entry = self._kept[key]
+                if entry[0] == version and entry[1] is not None:
+                    pending.append((value, entry))
+        return pending
+
+    def after(self, pending: list, changes: dict, unknown=()) -> None:
+        """After the edit: `changes` maps a value to (the ops that started using it,
+        those that stopped); a value in `unknown` may have changed otherwise too
+        and is listed afresh when next asked."""
+        version_of = self.version_of
+        for value, entry in pending:
+            if value in unknown:
+                entry[0] = -1  # no version: listed afresh
+                continue
+            added, dropped = changes.get(value, ((), ()))
+            summary = entry[1]
+            try:
+                for consumer in dropped:
+                    if consumer in summary.of:
+                        summary.drop(consumer, 1)
+                for consumer in added:
+                    if consumer not in summary.of:
+                        summary.add(consumer, 1)
+            except TypeError:  # uncountable now: listed afresh once the uses change again
+                entry[1] = None
+            entry[0] = version_of(value)
+
+
 class Evaluator:
     """Evaluates condition expressions against one program."""
 
@@ -94,14 +349,20 @@ class Evaluator:
         # id(value) -> (value, its constant as a flat list); the value is kept
         # so its id cannot be reused while cached.
         self._constants: dict[int, tuple[Any, list | None]] = {}
+        self.use_verdicts = UseVerdicts(adapter)
+        self._ordered: dict[int, tuple[list, list]] = {}  # id(exprs) -> (exprs, `cheap_first` of them)
 
     # ---------------------------------------------------------------- truth
 
     def holds(self, exprs: list, env: Environment) -> tuple[Truth, Environment | None]:
-        """Evaluate a conjunction. On YES, also return the environment that made it hold."""
+        """Evaluate a conjunction (in `cheap_first` order). On YES, also return the
+        environment that made it hold."""
         self.failure = None
         self._constants.clear()
-        return self._all(exprs, env)
+        ordered = self._ordered.get(id(exprs))
+        if ordered is None or ordered[0] is not exprs:
+            ordered = self._ordered[id(exprs)] = (exprs, cheap_first([p for e in exprs for p in conjuncts(e)]))
+        return self._all(ordered[1], env)
 
     def _all(self, items: list, env: Environment, start: int = 0) -> tuple[Truth, Environment | None]:
         """The conjunction of items[start:], left to right; a pattern binds for what follows it."""
@@ -265,6 +526,24 @@ class Evaluator:
 
     def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
         value = env[expr.of]
+        # A kept yes has no failure to report; any other verdict walks, to name the use.
+        if self.use_verdicts.verdict(expr, value, env, self._judge(expr)) is Truth.YES:
+            return Truth.YES
+        return self._walk_uses(expr, value, env)
+
+    def _judge(self, expr: ast.EveryUse):
+        """The body's verdict at one use of a value, recording no failure (`UseVerdicts`)."""
+
+        def judge(consumer, value) -> Truth:
+            outputs = self.adapter.outputs(consumer)
+            failure = self.failure
+            verdict = self.truth(expr.body, {expr.of: value, expr.variable: outputs[0] if outputs else None})
+            self.failure = failure
+            return verdict
+
+        return judge
+
+    def _walk_uses(self, expr: ast.EveryUse, value, env: Environment) -> Truth:
         result = Truth.YES
         inner = dict(env)
         for consumer in self.adapter.consumers(value):

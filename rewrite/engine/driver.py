@@ -19,7 +19,7 @@ from rewrite.engine.conditions import Evaluator, Failure
 from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
-from rewrite.engine.matcher import Matcher
+from rewrite.engine.matcher import MATCH_BUDGET, Budget, MatchBudgetExceeded, Matcher
 from rewrite.engine.operands import OperandTable
 from rewrite.engine.rewriter import BuildFailed, Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.engine.steps import Steps
@@ -39,6 +39,7 @@ class RuleStatistics:
     refused: int = 0  # matched and held, but the shape guard could not prove the rewrite
     unevaluable: int = 0  # matched and held, but an operand to build had no value (say `uniform` of NaNs),
     # or an op to build is not available at the program's target
+    exhausted: int = 0  # anchors skipped: matching took more than the match budget's attempts there
     seconds: float = 0.0
 
 
@@ -66,6 +67,11 @@ class Statistics:
         """Rewrites not made because an operand to build had no value, over all rules."""
         return sum(r.unevaluable for r in self.rules.values())
 
+    @property
+    def exhausted(self) -> int:
+        """Anchors where a rule was skipped for its match budget, over all rules."""
+        return sum(r.exhausted for r in self.rules.values())
+
     def fired(self, rule: str) -> int:
         return self.rules[rule].fires if rule in self.rules else 0
 
@@ -77,7 +83,7 @@ class Statistics:
             "ops_after": self.ops_after,
             "rules": {
                 name: {"attempts": r.attempts, "fires": r.fires, "refused": r.refused,
-                       "unevaluable": r.unevaluable, "seconds": round(r.seconds, 6)}
+                       "unevaluable": r.unevaluable, "exhausted": r.exhausted, "seconds": round(r.seconds, 6)}
                 for name, r in self.rules.items()
             },
         }
@@ -122,6 +128,7 @@ class Decision:
     truth: Truth  # the conditions' verdict (YES means it fires)
     failure: Failure | None  # the first condition that did not hold
     env: dict | None  # the bindings it would rewrite with
+    exhausted: bool = False  # skipped: matching took more attempts than the match budget allows
 
     @property
     def fires(self) -> bool:
@@ -140,6 +147,7 @@ class Driver:
         progress: Progress | None = None,
         count_ops: bool = False,
         check_types: bool = False,
+        match_budget: int = MATCH_BUDGET,
         steps: Steps | None = None,
     ):
         if max_sweeps < 1:
@@ -156,7 +164,11 @@ class Driver:
         # Rewrites not made although the rule held: the guard's refusals and
         # operands without a value, with the rule and the anchor.
         self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
-        self.matcher = Matcher(adapter)
+        # (rule, anchor) where a rule was skipped: matching it took more than the match budget.
+        self.exhausted: list[tuple[str, Op]] = []
+        # Each anchor's decision starts the budget afresh; both matchers spend it.
+        self.budget = Budget(match_budget)
+        self.matcher = Matcher(adapter, budget=self.budget)
         self.evaluator = Evaluator(adapter, self.matcher, predicates)
         # Summaries of the operands of wide ops (a Sum of thousands), shared by
         # every anchor that asks about one; kept only while `run` edits the graph.
@@ -222,32 +234,54 @@ class Driver:
                     fired.append(rule.name)
 
     def decide(self, rule: ast.Rule, anchor: Op) -> Decision:
-        """Whether `rule` fires on `anchor` as the graph is now; changes nothing."""
+        """Whether `rule` fires on `anchor` as the graph is now; changes nothing.
+
+        A match that takes more attempts than the budget is no firing
+        (`Decision.exhausted`).
+        """
         matched = False
         truth = Truth.NO
         failure = None
-        for env in self.matcher.match_rule(rule, anchor):
-            matched = True
-            # Explaining needs the interpreter's record of what failed; deciding does not.
-            holds = self.evaluator.holds if self.evaluator.explaining else self.compiled.holds
-            truth, final = holds(self._conditions[rule.name], env)
-            if final is not None:
-                return Decision(rule, anchor, True, Truth.YES, None, final)
-            if failure is None:
-                failure = self.evaluator.failure
+        budget = self.budget
+        budget.start()
+        try:
+            for env in self.matcher.match_rule(rule, anchor):
+                budget.spend()
+                matched = True
+                # Explaining needs the interpreter's record of what failed; deciding does not.
+                holds = self.evaluator.holds if self.evaluator.explaining else self.compiled.holds
+                truth, final = holds(self._conditions[rule.name], env)
+                if final is not None:
+                    return Decision(rule, anchor, True, Truth.YES, None, final)
+                if failure is None:
+                    failure = self.evaluator.failure
+        except MatchBudgetExceeded:
+            return Decision(rule, anchor, matched, Truth.NO, None, None, exhausted=True)
+        finally:
+            budget.stop()
         return Decision(rule, anchor, matched, truth, failure, None)
 
     def _firing(self, rule: ast.Rule, anchor: Op) -> dict | None:
         """The bindings `rule` fires with on `anchor`, or None: what `decide` finds,
-        without the record of why not, which only explaining reads."""
+        without the record of why not, which only explaining reads. Raises
+        `MatchBudgetExceeded` where `decide` says `exhausted`."""
         if self.evaluator.explaining:
-            return self.decide(rule, anchor).env
+            decision = self.decide(rule, anchor)
+            if decision.exhausted:
+                raise MatchBudgetExceeded(self.budget.limit)
+            return decision.env
         holds = self.compiled.holds
         conditions = self._conditions[rule.name]
-        for env in self.matcher.match_rule(rule, anchor):
-            final = holds(conditions, env)[1]
-            if final is not None:
-                return final
+        budget = self.budget
+        budget.start()
+        try:
+            for env in self.matcher.match_rule(rule, anchor):
+                budget.spend()
+                final = holds(conditions, env)[1]
+                if final is not None:
+                    return final
+        finally:
+            budget.stop()
         return None
 
     def try_rule(self, rule: ast.Rule, anchor: Op) -> bool:
@@ -256,7 +290,13 @@ class Driver:
         statistics.attempts += 1
         start = time.perf_counter()
         try:
-            env = self._firing(rule, anchor)
+            try:
+                env = self._firing(rule, anchor)
+            except MatchBudgetExceeded:
+                # Not firing is always sound: the rule is skipped here, and said so.
+                statistics.exhausted += 1
+                self.exhausted.append((rule.name, anchor))
+                return False
             if env is None:
                 return False
             if self.steps is not None:
@@ -266,7 +306,8 @@ class Driver:
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
-                remove_dead(self.adapter, refused.built, self.operand_table, discarded=refused.built)
+                remove_dead(self.adapter, refused.built, self.operand_table, self.evaluator.use_verdicts,
+                            discarded=refused.built)
                 self.refusals.append((rule.name, anchor, refused.refusal))
                 if isinstance(refused.refusal, (Unevaluable, Unavailable)):
                     # The rule's own rewrite says "not here", as a condition
@@ -280,7 +321,8 @@ class Driver:
                         f"the shape guard refused it: {refused.refusal}")
                     raise UnsoundRewriteError(rule.name, str(why)) from None
                 return False
-            self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table)
+            self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table,
+                                                       self.evaluator.use_verdicts)
             statistics.fires += 1
             return True
         finally:

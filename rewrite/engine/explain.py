@@ -12,7 +12,9 @@ there and the values it saw:
   axis being examined, the values compared, and for a dim that is unknown
   (`?`) the op whose shape inference lost it (`Adapter.unknown_dim_origin`);
 * a rewrite value that cannot be evaluated, or a rewrite the shape guard
-  refuses: what, and why; the rule does not fire.
+  refuses: what, and why; the rule does not fire;
+* a match that took more structural attempts than the match budget allows
+  (`in any order` over many operands): the rule is skipped at that anchor.
 
 This is XLA's pattern-matcher explanation turned declarative: because
 patterns and conditions are data, the failing part can be quoted back.
@@ -40,6 +42,7 @@ from rewrite.language.loader import UnreadableRules, read_rules_text
 PATTERN = "pattern does not match"
 GUARD = "the shape guard refuses the rewrite"
 UNEVALUABLE = "a rewrite value cannot be evaluated"
+BUDGET = "the match budget is exhausted"
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Explanation:
     anchor: str
     fired: bool
     location: str  # file:line of the failing condition (or of the rule)
-    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE or GUARD
+    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE, GUARD or BUDGET
     reason: str
     condition: str = ""  # the `where` clause (the `match` clause, the operand built), as written
     failed: str = ""  # the innermost failing part, as written
@@ -212,6 +215,8 @@ class _Explainer:
 
     def explain(self, decision, anchor_name: str) -> Explanation:
         rule = decision.rule
+        if decision.exhausted:
+            return self._exhausted(rule, anchor_name)
         if decision.fires:
             return self._would_fire(rule, decision.env, anchor_name)
         if not decision.matched:
@@ -253,6 +258,15 @@ class _Explainer:
             rule.name, anchor_name, False, f"{span.file}:{span.line}", UNEVALUABLE,
             condition=f"{argument.name}={text(argument.value.span)}", failed=text(span), truth="unknown",
             values=tuple(values), note=f"{text(span) or 'it'} {_why_no_value(found, env, self.evaluator, adapter)}",
+        )
+
+    def _exhausted(self, rule: ast.Rule, anchor_name: str) -> Explanation:
+        limit = self.driver.budget.limit
+        clauses = " / ".join("match " + self.sources.pattern(c.span) for c in rule.matches)
+        return Explanation(
+            rule.name, anchor_name, False, str(rule.span), BUDGET, condition=clauses, truth="unknown",
+            note=(f"rule '{rule.name}' took more than {limit} structural attempts here (operands tried for "
+                  "its sub-patterns, and bindings handed to its conditions); it is skipped at this anchor"),
         )
 
     # ---------------------------------------------------------------- patterns
@@ -372,6 +386,10 @@ def format_text(explanations: Sequence[Explanation]) -> str:
             if item.path:
                 lines.append(f"  at: {' > '.join(item.path)}")
             lines.extend(f"  saw: {value}" for value in item.values)
+            continue
+        if item.reason == BUDGET:
+            lines.append(f"  not decided: {item.note}")
+            lines.append(f"  in: {item.condition}")
             continue
         if item.reason == GUARD:
             lines.append(f"  the conditions hold, but the shape guard refuses: {item.failed}")

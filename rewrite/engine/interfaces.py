@@ -157,6 +157,14 @@ class Adapter(Protocol):
         `internal` asks whether there are more consumers than bound ops
         (see `use_counter`)."""
 
+    def uses_version(self, value: Value) -> int:
+        """Optional. A number that changes whenever the ops using `value` change
+        (one starts or stops using it, or is removed), and may change more
+        often; O(1). While it stays the same, `consumers(value)` lists the same
+        ops: a quantifier over the uses whose body reads only each use (not
+        the anchor's bindings) keeps its verdict per value until then (see
+        `uses_versioner`)."""
+
     def shape(self, value: Value) -> tuple[Dim, ...] | None:
         """The dims of `value`; None when its rank is unknown."""
 
@@ -277,6 +285,12 @@ def use_counter(adapter: Adapter) -> Callable[..., int]:
         return found if limit is None else min(found, limit)
 
     return count
+
+
+def uses_versioner(adapter: Adapter) -> Callable[[Value], int] | None:
+    """`adapter.uses_version`, or None for an adapter without it: then nothing
+    about a value's uses is kept from one anchor to the next."""
+    return getattr(adapter, "uses_version", None)
 
 
 # ---------------------------------------------------------------- helpers for adapters

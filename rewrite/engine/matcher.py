@@ -10,6 +10,16 @@ values for rest operands); a binding step copies before it extends.
 trace that keeps the failure that got furthest (the innermost sub-pattern,
 and the ops on the way to it). The trace costs a test of one attribute at
 a few places when off, so deciding pays nearly nothing for it.
+
+Positional operands are assigned one sub-pattern at a time, each to an
+operand not yet taken, backtracking on failure: an order whose first
+sub-pattern fails is never completed, a sub-pattern that reads no earlier
+binding and matches no operand ends the search, and the ways a sub-pattern
+matches one operand are kept for the other orders that ask again. What is
+still left to try is bounded: with a `Budget`, each operand tried for a
+sub-pattern (and each arrangement of named operands) is one attempt, and
+past `MATCH_BUDGET` attempts for one anchor `MatchBudgetExceeded` ends the
+match. Not firing is always sound; the driver counts and reports it.
 """
 
 from __future__ import annotations
@@ -34,6 +44,55 @@ class _Absent:
 
 
 ABSENT = _Absent()
+
+# Structural attempts one rule may make at one anchor: each operand tried
+# for a positional sub-pattern, each arrangement of named operands in any
+# order, each environment handed to the conditions. Three plain sub-patterns
+# over 32 operands in any order are 29,760 orders; shipped rules stay far
+# below this at every anchor of the test models.
+MATCH_BUDGET = 4096
+
+
+class MatchBudgetExceeded(Exception):
+    """Matching one rule at one anchor took more than its budget of attempts."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"more than {limit} structural attempts")
+
+
+class Budget:
+    """The attempts one rule has made at the anchor being decided (see `MATCH_BUDGET`).
+
+    Shared by the matchers a driver decides with. It counts only between
+    `start` and `stop`: a rewrite, once decided, is never cut short.
+    """
+
+    __slots__ = ("limit", "spent", "running")
+
+    def __init__(self, limit: int = MATCH_BUDGET):
+        if limit < 1:
+            raise ValueError(f"a match budget must be at least 1, not {limit}")
+        self.limit = limit
+        self.spent = 0
+        self.running = False
+
+    def start(self) -> None:
+        self.spent = 0
+        self.running = True
+
+    def stop(self) -> None:
+        self.running = False
+
+    def spend(self) -> None:
+        """One more attempt; raises `MatchBudgetExceeded` past the limit."""
+        if self.running:
+            self.spent += 1
+            if self.spent > self.limit:
+                raise MatchBudgetExceeded(self.limit)
+
+
+_UNBOUND = object()  # a memo key's slot for a variable not bound yet
 
 
 @dataclass(frozen=True)
@@ -120,15 +179,19 @@ class Matcher:
     of a copy of the other operands. Either way the bindings mean the same.
     """
 
-    def __init__(self, adapter: Adapter, table: OperandTable | None = None, lazy_rests: frozenset[int] = frozenset()):
+    def __init__(self, adapter: Adapter, table: OperandTable | None = None, lazy_rests: frozenset[int] = frozenset(),
+                 budget: Budget | None = None):
         self.adapter = adapter
         self.table = table
         self.lazy_rests = lazy_rests
+        self.budget = budget
         # id(pattern) -> (pattern, named operands, positional ones, the rest operand,
         # `_plain_names` of the positional ones): split once, not at every op tried.
         self._parts: dict[int, tuple] = {}
         # id(pattern) -> (pattern, `_flat_operands` of it), for the anchor's clause.
         self._flat: dict[int, tuple] = {}
+        # id(pattern) -> (pattern, the variables each positional operand pattern reads or binds).
+        self._variables: dict[int, tuple] = {}
         self._trace: _Trace | None = None  # only while `mismatch` runs
 
     def _split(self, pattern: ast.OpPattern) -> tuple:
@@ -153,11 +216,18 @@ class Matcher:
         failed match costs; meant for explaining, not for deciding.
         """
         self._trace = trace = _Trace(rule)
+        budget = self.budget
+        if budget is not None:
+            budget.start()
         try:
             for _ in self.match_rule(rule, anchor):
                 return None
+        except MatchBudgetExceeded:
+            pass  # the furthest failure found within the budget
         finally:
             self._trace = None
+            if budget is not None:
+                budget.stop()
         return trace.best
 
     def match_op(self, pattern: ast.OpPattern, op: Op, env: Environment) -> Iterator[Environment]:
@@ -173,7 +243,10 @@ class Matcher:
         if named and pattern.any_order:
             # The listed values may sit in the listed slots in any arrangement.
             slots = [o.name for o in named]
+            budget = self.budget
             for arrangement in permutations(slots):
+                if budget is not None:
+                    budget.spend()
                 moved = [replace(o, name=slot) for o, slot in zip(named, arrangement)]
                 yield from self._match_named(moved, op, env)
             return
@@ -242,60 +315,124 @@ class Matcher:
                     remaining = tuple(values[:position] + values[position + 1:])
                     yield from self.match_value(rest.pattern, remaining, env)
             return
-        if plain is not None and trace is None:
-            yield from self._match_plain(pattern, values, plain, rest, env)
-            return
         yield from self._match_orders(pattern, values, patterns, rest, env, trace)
 
-    def _match_plain(self, pattern: ast.OpPattern, values: list, names: tuple, rest, env: Environment):
-        """`_match_orders` where each operand pattern is a plain `%v` or `_` (`names`:
-        the variables, None for `_`): the same environments in the same order, with
-        one copy of `env` per order tried, not a chain of generators per operand.
-        `broadcasting(%t, %other) in any order` is asked at every use of a value."""
-        if pattern.any_order:
-            orders = permutations(range(len(values)), len(names))
-        else:
-            orders = (range(len(names)),)
-        for order in orders:
-            extended = env
-            for var, position in zip(names, order):
-                if var is None:
-                    continue
-                value = values[position]
-                if var in extended:
-                    if not _same(extended[var], value):
-                        break
-                else:
-                    if extended is env:
-                        extended = dict(env)
-                    extended[var] = value
-            else:
-                if rest is None:
-                    yield extended
-                else:
-                    taken = set(order)
-                    remaining = tuple(v for i, v in enumerate(values) if i not in taken)
-                    yield from self.match_value(rest.pattern, remaining, extended)
-
     def _match_orders(self, pattern: ast.OpPattern, values: list, patterns, rest, env: Environment, trace=None):
-        """The operand patterns against the values in order, or in every order for `in any order`."""
-        if pattern.any_order:
-            orders = permutations(range(len(values)), len(patterns))
-        else:
-            orders = [tuple(range(len(patterns)))]
-        for order in orders:
-            taken = set(order)
-            remaining = tuple(v for i, v in enumerate(values) if i not in taken)
-            if trace is not None:
-                for operand, position in zip(patterns, order):
-                    trace.slots[id(operand.pattern)] = f"#{position}"
-                if rest is not None:
-                    trace.slots[id(rest.pattern)] = "rest"
-            for extended in self._match_sequence(patterns, [values[i] for i in order], env):
+        """The operand patterns against the values in order, or for `in any order`
+        each against a distinct value: every way, in the order of the positions
+        the sub-patterns take (first sub-pattern's position first), then of the
+        ways each matches.
+
+        Assigned one sub-pattern at a time with backtracking (see the module
+        docstring). Without a trace, the ways a sub-pattern matches an operand
+        are kept per the values of the variables it reads, and a sub-pattern
+        after the first that reads no earlier binding is tried against every
+        operand once, up front: if it matches none, nothing does.
+        """
+        count = len(patterns)
+        nodes = [operand.pattern for operand in patterns]
+        plain = self._split(pattern)[4]
+        variables = self._operand_variables(pattern)
+        budget = self.budget
+        width = len(values)
+        used = [False] * width
+        any_order = pattern.any_order
+        memo: dict | None = {} if trace is None and plain is None else None
+        # A sub-pattern after the first that reads nothing bound before it: its
+        # operands are the same for every order (None until first asked).
+        bound = set(env)
+        independent = []
+        for level in range(count):
+            independent.append(memo is not None and any_order and level > 0 and bound.isdisjoint(variables[level]))
+            bound.update(variables[level])
+        candidates: list[list[int] | None] = [None] * count
+
+        def ways(level: int, position: int, env: Environment):
+            value = values[position]
+            if plain is not None:
+                var = plain[level]
+                if var is None:
+                    return (env,)
+                if var in env:
+                    return (env,) if _same(env[var], value) else ()
+                extended = dict(env)
+                extended[var] = value
+                return (extended,)
+            node = nodes[level]
+            if memo is None:
+                if trace is not None:
+                    trace.slots[id(node)] = f"#{position}"
+                return self.match_value(node, value, env)
+            names = variables[level]
+            try:
+                key = (level, position, *[env.get(name, _UNBOUND) for name in names])
+                found = memo.get(key)
+            except TypeError:  # a binding that cannot be a key: match it afresh
+                return self.match_value(node, value, env)
+            if found is None:
+                new = [name for name in names if name not in env]
+                found = memo[key] = [
+                    {name: extended[name] for name in new if name in extended}
+                    for extended in self.match_value(node, value, env)
+                ]
+            return [{**env, **added} if added else env for added in found]
+
+        def positions(level: int, env: Environment):
+            if not any_order:
+                return (level,)
+            if not independent[level]:
+                return range(width)
+            found = candidates[level]
+            if found is None:
+                found = []
+                for position in range(width):
+                    if budget is not None:
+                        budget.spend()
+                    if any(True for _ in ways(level, position, env)):
+                        found.append(position)
+                candidates[level] = found
+            return found
+
+        dead = False  # a sub-pattern matches no operand: no order can
+
+        def search(level: int, env: Environment):
+            nonlocal dead
+            if level == count:
                 if rest is None:
-                    yield extended
-                else:
-                    yield from self.match_value(rest.pattern, remaining, extended)
+                    yield env
+                    return
+                if trace is not None:
+                    trace.slots[id(rest.pattern)] = "rest"
+                remaining = tuple(value for value, taken in zip(values, used) if not taken)
+                yield from self.match_value(rest.pattern, remaining, env)
+                return
+            open_positions = positions(level, env)
+            if not open_positions:
+                dead = True
+                return
+            for position in open_positions:
+                if dead:
+                    return
+                if used[position]:
+                    continue
+                if budget is not None:
+                    budget.spend()
+                for extended in ways(level, position, env):
+                    used[position] = True
+                    yield from search(level + 1, extended)
+                    used[position] = False
+
+        return search(0, env)
+
+    def _operand_variables(self, pattern: ast.OpPattern) -> list[tuple[str, ...]]:
+        """The variables each positional operand pattern of `pattern` binds or reads
+        (nested ones included), sorted: a memo key lists their values in that order."""
+        found = self._variables.get(id(pattern))
+        if found is None or found[0] is not pattern:
+            found = self._variables[id(pattern)] = (
+                pattern, [tuple(sorted(_variables(operand.pattern))) for operand in self._split(pattern)[2]],
+            )
+        return found[1]
 
     def _match_wide(self, pattern: ast.OpPattern, record, patterns, rest, env: Environment):
         """`_match_positional` over a wide op's record: the same environments, in the same order."""
@@ -325,13 +462,6 @@ class Matcher:
             return
         # Other shapes of pattern take the general way, over a copy.
         yield from self._match_orders(pattern, list(values), patterns, rest, env)
-
-    def _match_sequence(self, operands, values, env: Environment) -> Iterator[Environment]:
-        if not operands:
-            yield env
-            return
-        for extended in self.match_value(operands[0].pattern, values[0], env):
-            yield from self._match_sequence(operands[1:], values[1:], extended)
 
     def match_value(self, pattern, value, env: Environment) -> Iterator[Environment]:
         """Every way `value` (a graph value, or a tuple for a rest) matches `pattern`."""
@@ -469,6 +599,20 @@ def _plain_names(operands) -> tuple | None:
         else:
             return None
     return tuple(names)
+
+
+def _variables(node) -> set[str]:
+    """The variables a value pattern binds or reads, in its nested op patterns too."""
+    found: set[str] = set()
+    pending = [node]
+    while pending:
+        item = pending.pop()
+        if type(item) is ast.Bind:
+            found.add(item.var)
+            item = item.producer
+        if type(item) is ast.OpPattern:
+            pending.extend(operand.pattern for operand in item.operands)
+    return found
 
 
 def _is_bound(pattern, env: Environment) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Evaluator, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Op, Value, uses_checker
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
@@ -195,8 +195,10 @@ class Rewriter:
     def __init__(self, adapter: Adapter, evaluator: Evaluator, table: OperandTable | None = None):
         self.adapter = adapter
         self.evaluator = evaluator
-        # The records of wide ops, told of every edit before it is made.
+        # The records of wide ops, told of every edit before it is made; and
+        # the summaries of values' uses, told before and after.
         self.table = table
+        self.uses = evaluator.use_verdicts
         self.guard = ShapeGuard(adapter, table)
         self._serial = itertools.count()
         self._op_available = getattr(adapter, "op_available", None)
@@ -280,18 +282,27 @@ class Rewriter:
     def _replace(self, replacements: list, anchor: Op, built: list[Op]) -> list[Op]:
         adapter, table = self.adapter, self.table
         touched: list[Op] = [anchor, *built]
+        uses = self.uses
         for old, new, within in replacements:
             producer = adapter.producer(old)
+            pending = uses.before((old, new))
             if within is not None:
                 if table is not None and table.records:
                     table.replacing_operand(within, old, new)
                 adapter.replace_operand(within, old, new)
+                if pending:
+                    uses.after(pending, {old: ((), (within,)), new: ((within,), ())})
                 if producer is not None:
                     touched.append(producer)  # dead now if `within` was its last use
                 continue
             if table is not None and table.records:
                 table.replacing_all(old, new)
+            moved = adapter.consumers(old) if pending else ()
+            # An output replaced may be bridged by an op of the adapter's own, which reads `new`.
+            bridged = (new,) if pending and adapter.is_block_output(old) else ()
             adapter.replace_all_uses(old, new)
+            if pending:
+                uses.after(pending, {old: ((), moved), new: (moved, ())}, bridged)
             if producer is not None:
                 touched.append(producer)
         return touched
@@ -310,8 +321,11 @@ class Rewriter:
 
     def _build(self, rule, build: ast.OpBuild, env, anchor):
         operands = self._arguments(build.arguments, env)
+        pending = self.uses.before(_values_in(operands.values()))
         try:
-            return self.adapter.build(build.op, operands, anchor, self._name(rule))
+            built = self.adapter.build(build.op, operands, anchor, self._name(rule))
+            self._built(pending, built)
+            return built
         except Exception as error:
             # A builder's own type checks (coremltools raises ValueError and
             # friends): the op cannot exist with these operands.
@@ -324,17 +338,44 @@ class Rewriter:
         try:
             if copy is not None:
                 # An IR whose ops carry attributes besides operands copies the op itself.
-                return copy(op, changes, anchor, self._name(rule))
-            operands = {name: self.adapter.operand(op, name) for name in self.adapter.operand_names(op)}
-            operands.update(changes)
-            return self.adapter.build(self.adapter.op_type(op), operands, anchor, self._name(rule))
+                pending = self.uses.before([*self.adapter.operands(op), *_values_in(changes.values())])
+                built = copy(op, changes, anchor, self._name(rule))
+            else:
+                operands = {name: self.adapter.operand(op, name) for name in self.adapter.operand_names(op)}
+                operands.update(changes)
+                pending = self.uses.before(_values_in(operands.values()))
+                built = self.adapter.build(self.adapter.op_type(op), operands, anchor, self._name(rule))
+            self._built(pending, built)
+            return built
         except Exception as error:
             raise _Unbuildable(BuildFailed(self.adapter.op_type(op), rebuild.span, _first_line(error))) from None
 
 
-def remove_dead(
-    adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None, *, discarded: Sequence[Op] = ()
-) -> int:
+    def _built(self, pending: list, built) -> None:
+        """Tell the summaries of uses that the op making `built` reads its operands."""
+        if not pending:
+            return
+        op = self.adapter.producer(built)
+        if op is None:  # no op made: whatever happened is listed afresh
+            self.uses.after(pending, {}, tuple(value for value, _ in pending))
+            return
+        # Each value the op reads starts being used by it; the constants a
+        # builder makes for literal operands read nothing.
+        read = set(self.adapter.operands(op))
+        self.uses.after(pending, {value: ((op,), ()) for value, _ in pending if value in read})
+
+
+def _values_in(items) -> list:
+    """Build operands, tuples flattened: the values whose uses a build may change
+    (a constant among them has no summary to update)."""
+    found = []
+    for item in items:
+        found.extend(item if isinstance(item, tuple) else (item,))
+    return found
+
+
+def remove_dead(adapter: Adapter, candidates: Sequence[Op], table: OperandTable | None = None,
+                uses: UseVerdicts | None = None, *, discarded: Sequence[Op] = ()) -> int:
     """Remove each candidate no longer used, then its producers in turn.
 
     Only ops reachable backwards from what a rewrite touched are visited, so
@@ -364,11 +405,12 @@ def remove_dead(
             if has_uses(value):
                 break
         else:
-            removed += _remove(adapter, op, table, worklist)
+            removed += _remove(adapter, op, table, worklist, uses)
     return removed
 
 
-def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list) -> int:
+def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list,
+            uses: UseVerdicts | None = None) -> int:
     """Remove `op`, found unused, and queue its operands' producers; how many ops
     went (its nested blocks' included), 0 if a body that writes state keeps it."""
     operands = list(adapter.operands(op))
@@ -388,7 +430,11 @@ def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list
         table.removing(op)
         for inner_op in inner:
             table.removing(inner_op)
+    pending = uses.before(operands) if uses is not None else ()
     adapter.remove_op(op)
+    if pending:
+        gone = (op, *inner)
+        uses.after(pending, {value: ((), gone) for value, _ in pending})
     producer_of = adapter.producer
     for value in operands:
         producer = producer_of(value)

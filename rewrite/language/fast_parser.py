@@ -24,6 +24,11 @@ How it mirrors lark:
   node, the start and end of the text it covers.
 * Nesting is counted as `parser._too_deep` counts it: each parse function
   returns the height of its node in nesting levels.
+
+One error it words itself, as lark's path words it at the same place: a
+rule with more than `MAX_CONDITIONS` conditions (`too_many_conditions`),
+refused as soon as the clause that holds the first one too many is done,
+where the text up to there parsed here (and so parses in lark's path too).
 """
 
 from __future__ import annotations
@@ -32,10 +37,42 @@ import dataclasses
 import re
 
 from rewrite.language import ast
+from rewrite.language.errors import Diagnostic, RuleError
 
 MAX_NESTING = 32  # parser.MAX_NESTING; beyond it lark's path reports where
 MAX_MATCHES = 64
 MAX_CONDITIONS = 64
+
+# Words that may follow a complete `where` clause: the next clause, the next
+# item, or nothing. lark reduces the clause on seeing one of them (and only
+# then), which is where its path checks the count of conditions.
+_AFTER_CLAUSE = frozenset({"match", "where", "benefit", "rewrite", "example", "rule", "dialect", "import", "class"})
+
+
+def too_many_conditions(span: ast.Span, source_line: str) -> RuleError:
+    """The error for a rule's condition past `MAX_CONDITIONS`, at that condition.
+
+    Raised while parsing, by both parsers, as soon as the `where` clause
+    that holds it is complete: a rule of 20,000 conditions is refused after
+    65 of them, not after all of its text is read.
+    """
+    message = (f"more than {MAX_CONDITIONS} conditions in one rule (counting each 'where' clause, and each part "
+               f"of one that 'and' joins); expected at most {MAX_CONDITIONS}: split the rule")
+    return RuleError([Diagnostic(span, message, "error", source_line)])
+
+
+def nth_conjunct(expr, index: int):
+    """Part `index` (from 0) of `a and b and c`, in reading order, without recursing; None past the last."""
+    stack = [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.And):
+            stack += (item.right, item.left)
+        elif index == 0:
+            return item
+        else:
+            index -= 1
+    return None
 
 
 class Unhandled(Exception):
@@ -290,6 +327,7 @@ class FastParser:
         description = self.expect("STRING")
         matches, conditions, actions, examples = [], [], [], []
         benefit = 0
+        counted = 0  # conditions so far, each part of a `where` that `and` joins one
         tokens = self.tokens
         while True:
             token = tokens[self.position]
@@ -297,7 +335,17 @@ class FastParser:
             if token[0] != "NAME" or word not in _CLAUSES:
                 break
             if word == "where":
-                conditions.append(self.where_clause())
+                condition, height = self.where_clause()
+                conditions.append(condition)
+                parts = _count_conjuncts(condition.expr)
+                if counted + parts > MAX_CONDITIONS:
+                    following = tokens[self.position]
+                    if following[0] != "$END" and (following[0] != "NAME" or following[1] not in _AFTER_CLAUSE):
+                        raise Unhandled("too many conditions, then not a clause")  # lark words what comes first
+                    span = nth_conjunct(condition.expr, MAX_CONDITIONS - counted).span
+                    raise too_many_conditions(span, self.lines[span.line - 1])
+                _check(height)
+                counted += parts
             elif word == "match":
                 matches.append(self.match_clause())
             elif word == "rewrite":
@@ -312,11 +360,6 @@ class FastParser:
                 examples.append(self.example())
         if len(matches) > MAX_MATCHES:
             raise Unhandled("too many match clauses")
-        conjuncts = 0
-        for condition in conditions:
-            conjuncts += _count_conjuncts(condition.expr)
-        if conjuncts > MAX_CONDITIONS:
-            raise Unhandled("too many conditions")
         return {
             "name": name[1], "description": description[1][1:-1], "matches": tuple(matches),
             "conditions": tuple(conditions), "actions": tuple(actions), "benefit": benefit,
@@ -339,11 +382,13 @@ class FastParser:
         _check(height)
         return _MatchClause(ast.UNNAMED_ANCHOR, pattern, pattern.span)
 
-    def where_clause(self) -> ast.Condition:
+    def where_clause(self) -> tuple[ast.Condition, int]:
+        """The clause and its height: checked against `MAX_NESTING` after its
+        conditions are counted, as lark's path counts them during its parse
+        and measures nesting after it."""
         start = self.take()[2]
         expr, height, _, end = self.expr()
-        _check(height)
-        return _Condition(expr, self.text_between(start, end)[len("where"):].strip(), self.span(start, end))
+        return _Condition(expr, self.text_between(start, end)[len("where"):].strip(), self.span(start, end)), height
 
     def text_between(self, start: tuple, end: tuple) -> str:
         """What `_ToAst._text` gives for a node from `start` to `end` (lines joined by spaces)."""

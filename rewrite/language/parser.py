@@ -10,6 +10,7 @@ parses only what that one does not take. Syntax errors become a
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import replace
 
 import lark
@@ -18,7 +19,54 @@ from lark import Token, Transformer_NonRecursive, Tree, v_args
 from rewrite import resources
 from rewrite.language import ast
 from rewrite.language.errors import RuleError, SourceText
-from rewrite.language.fast_parser import Unhandled, parse_fast
+from rewrite.language.fast_parser import MAX_CONDITIONS, Unhandled, parse_fast, too_many_conditions
+
+
+class _TooManyConditions(Exception):
+    """Raised from inside lark's parse at the `where` clause that holds condition MAX_CONDITIONS + 1."""
+
+    def __init__(self, conjunct):
+        self.conjunct = conjunct  # its lark tree (or token)
+
+
+class _ConditionCounter(lark.Transformer):
+    """Counts a rule's conditions as lark reduces its clauses, during the parse.
+
+    LALR reduces a rule's `where` clauses in order and the rule itself before
+    the next rule's first clause, so a count kept per thread and reset at
+    each rule (and each parse) is the count of the rule being read. Trees
+    pass through unchanged; `_ToAst` builds the AST after the parse.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.local = threading.local()
+
+    def reset(self) -> None:
+        self.local.count = 0
+
+    def where_clause(self, children):
+        (expr,) = children
+        parts = _tree_conjuncts(expr)
+        counted = getattr(self.local, "count", 0)
+        if counted + len(parts) > MAX_CONDITIONS:
+            raise _TooManyConditions(parts[MAX_CONDITIONS - counted])
+        self.local.count = counted + len(parts)
+        return Tree("where_clause", children)
+
+    def rule(self, children):
+        self.local.count = 0
+        return Tree("rule", children)
+
+
+class _Lark(lark.Lark):
+    """lark's parser with the condition counter reset at the start of each parse."""
+
+    counter: _ConditionCounter
+
+    def parse(self, text, start=None, on_error=None):
+        self.counter.reset()
+        return super().parse(text, start=start, on_error=on_error)
 
 
 @functools.lru_cache(maxsize=1)
@@ -26,15 +74,33 @@ def grammar_parser() -> lark.Lark:
     """The lark parser for grammar.lark, built once per process.
 
     lark caches the LALR tables on disk, keyed by a hash of the grammar and
-    options, so a short CLI run does not rebuild them.
+    options, so a short CLI run does not rebuild them. A rule's conditions
+    are counted while it parses (`_ConditionCounter`), so that one of too
+    many is refused without reading the rest of the text.
     """
-    return lark.Lark(
+    counter = _ConditionCounter()
+    parser = _Lark(
         resources.grammar_text(),
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=True,
         cache=True,
+        transformer=counter,
     )
+    parser.counter = counter
+    return parser
+
+
+def _tree_conjuncts(expr) -> list:
+    """The parts of a lark tree `a and b and c`, in reading order, without recursing."""
+    found, stack = [], [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tree) and item.data == "and_":
+            stack += reversed(item.children)
+        else:
+            found.append(item)
+    return found
 
 
 def parse_rules(text: str, path: str) -> ast.RuleFile:
@@ -65,10 +131,20 @@ def _parse(text: str, path: str) -> ast.RuleFile:
         return parse_fast(text, path, source.lines)
     except Unhandled:
         pass
+    return parse_with_lark(source)
+
+
+def parse_with_lark(source: SourceText) -> ast.RuleFile:
+    """lark's path alone, which decides and words what the fast parser leaves
+    to it. Raises `RuleError`; tests compare it with `fast_parser`."""
     try:
-        tree = grammar_parser().parse(text)
+        tree = grammar_parser().parse(source.text)
     except lark.exceptions.UnexpectedInput as error:
         raise RuleError([_syntax_diagnostic(error, source)]) from None
+    except _TooManyConditions as error:
+        meta = error.conjunct.meta if isinstance(error.conjunct, Tree) else error.conjunct
+        span = ast.Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
+        raise too_many_conditions(span, source.line(span.line)) from None
     too_deep = _too_deep(tree, source)
     if too_deep is not None:
         raise RuleError([too_deep])
@@ -93,8 +169,7 @@ MAX_NESTING = 32
 
 # The engine also recurses once per `match` clause and once or twice per
 # condition (the `where` clauses, each split at its top-level `and`s).
-MAX_MATCHES = 64
-MAX_CONDITIONS = 64
+MAX_MATCHES = 64  # and MAX_CONDITIONS, from fast_parser: both parsers count conditions while parsing
 
 # The lark nodes that are a level of nesting to the user: an op pattern or
 # op build, an operator, a list, a call, an index, a quantifier. The nodes
@@ -143,18 +218,6 @@ def _nesting_diagnostic(node: Tree, parent: Tree | None, source: SourceText):
             "of a chain like 'a + b + c' is one level; split it up (e.g. into several 'where' clauses)"
         )
     return source.diagnostic(span, message)
-
-
-def _conjuncts(expr) -> list:
-    """`a and b and c` as [a, b, c], without recursing (see `MAX_NESTING`)."""
-    found, stack = [], [expr]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, ast.And):
-            stack += (item.right, item.left)
-        else:
-            found.append(item)
-    return found
 
 
 # ------------------------------------------------------------ syntax errors
@@ -316,13 +379,7 @@ class _ToAst(Transformer_NonRecursive):
                 actions.extend(value)
         if len(matches) > MAX_MATCHES:
             self._too_many(matches[MAX_MATCHES].span, f"more than {MAX_MATCHES} 'match' clauses in one rule")
-        conjuncts = [part for condition in conditions for part in _conjuncts(condition.expr)]
-        if len(conjuncts) > MAX_CONDITIONS:
-            self._too_many(
-                conjuncts[MAX_CONDITIONS].span,
-                f"more than {MAX_CONDITIONS} conditions in one rule (counting each 'where' clause, "
-                "and each part of one that 'and' joins)",
-            )
+        # Too many conditions were refused while parsing (`_ConditionCounter`).
         return ast.Rule(
             name=str(name),
             description=_unquote(description),

@@ -24,12 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def lark_parse(text: str, path: str = "t.rules") -> ast.RuleFile:
-    source = SourceText(path, text)
-    tree = parser.grammar_parser().parse(text)
-    too_deep = parser._too_deep(tree, source)
-    if too_deep is not None:
-        raise RuleError([too_deep])
-    return parser._ToAst(source).transform(tree)
+    return parser.parse_with_lark(SourceText(path, text))
 
 
 def difference(a, b, where="file") -> str | None:
@@ -63,6 +58,10 @@ def outcome(text: str, path: str = "t.rules") -> str:
         got = parse_fast(text, path, SourceText(path, text).lines)
     except Unhandled:
         return "both refuse" if isinstance(want, Exception) else "left to lark"
+    except RuleError as error:  # the one error it words itself: lark's path must word it alike
+        if isinstance(want, RuleError) and want.render() == error.render():
+            return "both refuse"
+        return f"fast refused what lark's path {'refuses otherwise' if isinstance(want, Exception) else 'takes'}"
     if isinstance(want, Exception):
         return f"fast took what lark refuses: {want}"
     return difference(want, got) or "same"
@@ -206,3 +205,76 @@ def test_loading_the_shipped_library_never_needs_lark(monkeypatch):
 
     monkeypatch.setattr(parser, "grammar_parser", refuse)
     assert rewrite.load_rules().rules
+
+
+# ------------------------------------------------------------ the cap on conditions, while parsing
+
+_WHERES = 'dialect onnx\nrule r "d"\n  match %y = Relu(X=%x)\n'
+_CAP = fast_parser.MAX_CONDITIONS
+
+
+def _wheres(count: int, after: str = "  rewrite %y -> %x\n") -> str:
+    return _WHERES + "".join(f"  where rank(%x) == {i}\n" for i in range(count)) + after
+
+
+CAPPED = {
+    "then a clause": _wheres(_CAP + 1),
+    "then the end": _wheres(_CAP + 1, after=""),
+    "then another rule": _wheres(_CAP + 1, after='rule s "d" match %y = Relu(X=%x) rewrite %y -> %x\n'),
+    "then a syntax error in a clause": _wheres(_CAP + 1, after="  rewrite rewrite ) )\n"),
+    "then an item that does not parse": _wheres(_CAP + 1, after="class = =\n"),
+    "within one where": _WHERES + "  where " + " and ".join(f"({i} == {i})" for i in range(2 * _CAP)) + "\n",
+    "parenthesized and": _WHERES + "  where " + " and ".join("(true and true)" for _ in range(_CAP)) + "\n",
+    "after a clause too deep": _WHERES + "  where " + "not " * 40 + "true\n" + _wheres(_CAP)[len(_WHERES):],
+}
+# The clause past the cap is followed by what lark does not reduce it before: its syntax error comes first.
+NOT_CAPPED_FIRST = {
+    "then a stray parenthesis": _wheres(_CAP + 1)[:-len("  rewrite %y -> %x\n")] + "  ) rewrite %y -> %x\n",
+    "then a bad character": _wheres(_CAP + 1, after="  @\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CAPPED))
+def test_too_many_conditions_are_refused_alike_by_both_parsers(case):
+    text = CAPPED[case]
+    assert outcome(text) == "both refuse"
+    with pytest.raises(RuleError) as raised:
+        parser._parse(text, "t.rules")
+    (diagnostic,) = raised.value.diagnostics
+    assert diagnostic.message.startswith(f"more than {_CAP} conditions in one rule")
+    assert f"expected at most {_CAP}" in diagnostic.message
+    assert raised.value.render().splitlines()[0].startswith(f"t.rules:{diagnostic.span.line}:{diagnostic.span.column}:")
+
+
+@pytest.mark.parametrize("case", sorted(NOT_CAPPED_FIRST))
+def test_a_syntax_error_right_after_the_clause_past_the_cap_is_reported_instead(case):
+    text = NOT_CAPPED_FIRST[case]
+    assert outcome(text) == "both refuse"
+    with pytest.raises(RuleError) as raised:
+        parser._parse(text, "t.rules")
+    assert "unexpected" in raised.value.diagnostics[0].message
+
+
+def test_the_cap_is_found_while_parsing_not_after(monkeypatch):
+    """20,000 conditions: refused at the 65th, by the fast parser alone, and the text
+    after it is never parsed (a syntax error there is not what is reported)."""
+    monkeypatch.setattr(parser, "_PARSED", {})
+
+    def refuse():
+        raise AssertionError("lark was asked")
+
+    many = _wheres(20_000, after="  rewrite rewrite ) )\n")
+    one = _WHERES + "  where " + " and ".join(f"rank(%x) == {i}" for i in range(20_000)) + "\n  rewrite rewrite ) )\n"
+    monkeypatch.setattr(parser, "grammar_parser", refuse)
+    for text, (line, column) in ((many, (4 + _CAP, 9)), (one, (4, 9 + sum(len(f"rank(%x) == {i} and ")
+                                                                               for i in range(_CAP))))):
+        with pytest.raises(RuleError) as raised:
+            parser._parse(text, "t.rules")
+        (diagnostic,) = raised.value.diagnostics
+        assert (diagnostic.span.line, diagnostic.span.column) == (line, column)
+        assert diagnostic.message.startswith(f"more than {_CAP} conditions")
+    # lark's path stops there too: what comes after the clause is never read.
+    monkeypatch.undo()
+    with pytest.raises(RuleError) as raised:
+        lark_parse(_wheres(_CAP + 1, after="  rewrite rewrite ) )\n" + "@" * 10))
+    assert raised.value.diagnostics[0].span.line == 4 + _CAP

@@ -200,6 +200,9 @@ class MilAdapter:
         # from while the run edits (coremltools' own scan for each removal).
         self._use_lists = UseLists()
         self._accepted_inputs: dict = {}  # (input type, value type) -> taken; see replace_uses_in_block
+        # id(var) -> [var, how many edits changed its consumers] (`uses_version`);
+        # the var is kept so its id is not reused while it has an entry.
+        self._uses_versions: dict[int, list] = {}
         self._input_blocks: dict[int, Block] = {}
         self._input_symbols: set[Symbol] = set()
         # id(var) -> (var, result); the var is kept so its id is not reused.
@@ -322,6 +325,21 @@ class MilAdapter:
 
     def is_block_output(self, value: Var) -> bool:
         return bool(value.consuming_blocks)
+
+    def uses_version(self, value: Var) -> int:
+        """Changes whenever an op starts or stops using `value` (`Adapter.uses_version`):
+        counted by this adapter's edits, the only ones made while a run decides."""
+        entry = self._uses_versions.get(id(value))
+        return 0 if entry is None else entry[1]
+
+    def _uses_changed(self, values) -> None:
+        versions = self._uses_versions
+        for value in values:
+            entry = versions.get(id(value))
+            if entry is None:
+                versions[id(value)] = [value, 1]
+            else:
+                entry[1] += 1
 
     def has_uses(self, value: Var) -> bool:
         # O(1): `consumers` de-duplicates every child op, and a value one
@@ -1061,6 +1079,7 @@ class MilAdapter:
         # it read as a consumer of their outputs, and consts it inserted.
         # (Their lengths, not copies: a value may feed every layer.)
         readers = {id(v): (v, len(v._child_ops)) for v in _vars_in(arguments.values())}
+        self._uses_changed(var for var, _ in readers.values())
         try:
             with _in_block(block):
                 result = builder(**arguments, before_op=before, name=self._unique_name(name))
@@ -1105,6 +1124,7 @@ class MilAdapter:
 
     def replace_all_uses(self, old: Var, new: Var) -> None:
         self._changed = True
+        self._uses_changed((old, new))
         block = self.defining_block(old)
         # A function output is one of its function's consuming blocks: asked of
         # the value, not by listing every output of a model that has thousands.
@@ -1118,6 +1138,7 @@ class MilAdapter:
                 previous = _op_before(block, old.op)
                 with _in_block(block):
                     new = mb.identity(x=new, before_op=old.op, name=old.name + "_bridge")
+                self._uses_changed((new,))
                 _inherit_scopes(_ops_between(block, previous, old.op), old.op, None)
         consumers = self.consumers(old)
         anchor = old.op
@@ -1189,6 +1210,7 @@ class MilAdapter:
                 changed[name] = new
         if not changed:
             return
+        self._uses_changed((old, new))
         self._use_lists.prepare(old)
         with _in_block(op.enclosing_block):
             # The new operand differs in type on purpose (it is wider); the op's
@@ -1205,7 +1227,9 @@ class MilAdapter:
         pending = [op]
         while pending:
             removed = pending.pop()
-            for value in self.operands(removed):
+            operands = self.operands(removed)
+            self._uses_changed(operands)
+            for value in operands:
                 if len(value._child_ops) >= MANY_USES:  # the one test most operands need
                     prepare(value, removed)
             for block in removed.blocks:

@@ -102,7 +102,7 @@ class Value:
 
     __slots__ = (
         "name", "graph", "producer", "uses", "stale", "detached", "readers", "output_of", "pinned", "initializer",
-        "shape", "dtype", "contents", "_constant",
+        "shape", "dtype", "contents", "_constant", "uses_version",
     )
 
     def __init__(self, name: str, graph: Graph, producer: Node | None = None):
@@ -123,6 +123,9 @@ class Value:
         # How many distinct live nodes read the value: counted the first time
         # `use_count` asks, kept up to date by every edit from then on; None before.
         self.readers: int | None = None
+        # Bumped by every edit that makes a node start or stop reading the
+        # value (`OnnxAdapter.uses_version`); compacting stale entries is none.
+        self.uses_version = 0
         self.output_of: tuple[Graph, ...] = ()  # graphs (this one or nested ones) that output it
         # Read by name from outside the graphs (the model's training_info):
         # used, and its name stays, as a model output's does.
@@ -452,6 +455,10 @@ class OnnxAdapter:
     def consumers(self, value: Value) -> Sequence[Node]:
         return _live_uses(value)
 
+    def uses_version(self, value: Value) -> int:
+        """Changes whenever a node starts or stops using `value` (`Adapter.uses_version`)."""
+        return value.uses_version
+
     def has_uses(self, value: Value) -> bool:
         """Whether a live node uses `value` or a graph outputs it: O(1) (see `Value.stale`)."""
         return len(value.uses) > value.stale or bool(value.output_of) or value.pinned
@@ -684,6 +691,7 @@ class OnnxAdapter:
         for value in node.inputs:
             if value is not None:
                 value.uses.append(node)
+                value.uses_version += 1
         for value in {id(v): v for v in node.inputs if v is not None and v.readers is not None}.values():
             value.readers += 1
         node.outputs = tuple(self._define(graph, output, node) for output in proto.output)
@@ -696,6 +704,8 @@ class OnnxAdapter:
     def replace_all_uses(self, old: Value, new: Value) -> None:
         if old is new:
             return
+        old.uses_version += 1
+        new.uses_version += 1
         uses = new.uses
         for node in _live_uses(old):
             counted = new.readers is not None and not _reads(node, new)
@@ -718,6 +728,8 @@ class OnnxAdapter:
         count = _substitute(op, old, new)
         if not count:
             return
+        old.uses_version += 1
+        new.uses_version += 1
         _detach_use(old, op, count)
         new.uses.extend(itertools.repeat(op, count))
         if old.readers is not None:
@@ -780,6 +792,7 @@ class OnnxAdapter:
         node = Node(proto, graph)
         node.inputs = (new,)
         new.uses.append(node)
+        new.uses_version += 1
         if new.readers is not None:
             new.readers += 1
         output = self._define(graph, name, node)
@@ -828,6 +841,7 @@ class OnnxAdapter:
             for value in node.inputs:
                 if value is not None:
                     _drop_use(value, node)
+                    value.uses_version += 1
                     if value.readers is not None:
                         if counted is None:
                             counted = set()
