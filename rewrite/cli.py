@@ -517,9 +517,15 @@ def _report(arguments, statistics, source, destination, details: dict) -> None:
     for name, rule in shown.items():
         line = f"{name:<{width}}  fired {rule.fires}"
         if arguments.stats:
-            line += f"  tried {rule.attempts}  {rule.seconds * 1000:.2f} ms"
+            line += f"  tried {rule.attempts}"
+            # Where the conditions held but nothing was rewritten, and why: what `explain` would say.
+            if rule.refused:
+                line += f"  refused {rule.refused} (shape guard)"
+            if rule.unevaluable:
+                line += f"  not built {rule.unevaluable} (no value to build with, or an op the target lacks)"
             if rule.exhausted:
                 line += f"  skipped {rule.exhausted} (match budget)"
+            line += f"  {rule.seconds * 1000:.2f} ms"
         print(line)
     fires = sum(rule.fires for rule in statistics.rules.values())
     fired_rules = sum(rule.fires > 0 for rule in statistics.rules.values())

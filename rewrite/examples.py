@@ -18,7 +18,7 @@ import numpy as np
 
 from rewrite import backends
 from rewrite.api import RuleSet
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import UnsoundRewriteError
 from rewrite.engine.interfaces import NamedValue
 from rewrite.engine.logic import Truth
@@ -123,10 +123,10 @@ def _operand(expr) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _constants() -> Evaluator:
+def _constants() -> Conditions:
     # The checker lets only graph-free expressions into example operands, so
-    # the evaluator that computes them needs no program.
-    return Evaluator(None, None, {})
+    # the conditions that compute them need no program.
+    return Conditions(None, None, {})
 
 
 def _plain(value, expr) -> Any:

@@ -1,4 +1,4 @@
-"""Evaluation of `where` conditions, in three-valued logic.
+"""`where` conditions: one compiler from the checked AST to closures, in three-valued logic.
 
 Numbers at run time are ints, floats, `Symbol`s or `UNKNOWN`; lists are
 Python lists (or `UNKNOWN`); booleans are `Truth`. Anything that cannot be
@@ -9,29 +9,70 @@ A conjunction is evaluated left to right, and an unnegated `%v is op(...)`
 in it binds for the conjuncts after it: the conjunction holds if some way
 of matching makes the rest hold.
 
+Each rule's conditions are compiled once (`Conditions`) into nested
+closures; the driver, the rewriter, `explain`, `rewrite test` and `verify`
+all decide with them. `explain` compiles them with a `Tracer`, which is
+told of every verdict that is not yes where it is reached and changes none
+(as the matcher's own trace does for patterns): there is no second
+evaluator whose answers could drift from these.
+
 `every use %u of %v: body` walks the uses of %v. Where the body reads
 nothing but the use, %v and named constants, through builtins whose answers
 a run does not change (`UseVerdicts`), its verdict is kept per value until
 the value's uses change (`Adapter.uses_version`): a value feeding every
-layer is walked once, not once per anchor that asks about it.
+layer is walked once, not once per anchor that asks about it. Where it
+compares one feature of the use with something of the anchor's, the
+feature's counts over the uses are kept instead. Likewise, while the driver
+runs, a quantifier over the operands of a wide op (a rest operand
+`%others...` bound to an `operands.OperandsExcept` view) whose body compares
+one feature of the element with something that does not depend on it, or
+asks `other is %v`, is answered from the op's record: how many operands
+have each value of that feature, counted once for the op and kept up to
+date with every edit. The verdict is the one the loop would reach (Kleene's
+`and` and `or` do not depend on order or repetition); only its cost no
+longer grows with the op's width.
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
 
+from rewrite.engine import builtins
+from rewrite.engine.builtins import (
+    _VALUE_PARAMETERS,
+    _aligned_offset,
+    _arithmetic,
+    _dim,
+    _dtype,
+    _equal,
+    _is_const,
+    _op_type,
+    _rank,
+    _right_dim,
+)
 from rewrite.engine.interfaces import Adapter, use_counter, uses_versioner
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal, order
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
-from rewrite.engine.operands import OperandsExcept
+from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
 from rewrite.language import ast
-from rewrite.language.types import BUILTINS, NAMED_CONSTANTS, Type
+from rewrite.language.types import NAMED_CONSTANTS
 from rewrite.predicates import Predicate, PredicateContext
+
+YES, NO, MAYBE = Truth.YES, Truth.NO, Truth.UNKNOWN
+Verdict = tuple  # (Truth, Environment | None)
+Conjunction = Callable[[Environment], Verdict]
+TruthFunction = Callable[[Environment], Truth]
+ValueFunction = Callable[[Environment], Any]
+
+
+def _missing(value) -> bool:
+    return value is ABSENT or value is UNKNOWN or value is None
 
 
 @dataclass(frozen=True)
@@ -93,7 +134,7 @@ def _cheap(expr) -> bool:
     for node in ast.walk(expr):
         if isinstance(node, _COSTLY) or (type(node) is ast.SameValue and not node.negated):
             return False
-        if type(node) is ast.Call and (node.function not in _BUILTINS or node.function == "internal"):
+        if type(node) is ast.Call and (node.function not in builtins.REGISTRY or node.function == "internal"):
             return False
     return True
 
@@ -105,8 +146,8 @@ def cheap_first(items: list) -> list:
     Kleene's `and` gives the same verdict in any order, and the conjuncts
     moved past bind nothing, so each reads what it read before; only a
     walk over thousands of uses is no longer made at an anchor that a
-    cheap test refuses. Both evaluators use this order, so explain reports
-    the failure apply met.
+    cheap test refuses. Traced or not, conditions are decided in this
+    order, so explain reports the failure apply met.
     """
     ordered = list(items)
     position = 0
@@ -123,18 +164,7 @@ def cheap_first(items: list) -> list:
     return ordered
 
 
-# Builtins whose answer for the same arguments a run does not change: they
-# read a value's type (which the shape guard keeps), constant, producer or
-# that op's attributes, or compute on numbers and lists. Not those reading
-# uses (`use_count`, `one_use`, `block_output`, `internal`, the scaling
-# chain's) or following producers' operands (`elements`, the bounds).
-_STABLE_BUILTINS = frozenset({
-    "is_nan", "is_inf", "is_finite", "close", "as_dtype", "uniform", "rank", "dim", "shape", "axes",
-    "aligned_dim", "is_const", "absent", "const", "is_symbolic", "is_known", "dtype", "is_input", "same_block",
-    "broadcasts", "op_type", "attribute", "contains", "gather", "lowest", "max_finite", "lowest_finite",
-    "zero_of", "max_of", "max_abs", "normalized_axes", "represents", "len", "range", "abs", "sqrt",
-    "every_row_any", "mod",
-})
+_STABLE_BUILTINS = builtins.STABLE  # a use's verdict is kept only over these (`UseVerdicts`)
 
 
 def _reads_only(node, bound: frozenset[str], constants: set[str]) -> bool:
@@ -213,7 +243,8 @@ class UseVerdicts:
     verdict is read off its counts. For a body that compares one feature of
     %u with something of the anchor's (`rank(%u) == rank(%x)`), the
     feature's counts over the uses (`operands.Counts`, keyed by the using
-    op) are the same for every anchor (`summary`; compiled.py reads them).
+    op) are the same for every anchor (`summary`, which
+    `Conditions._over_uses` reads).
 
     Either kind is built by listing the uses once and is kept up to date
     with the run's edits, which the rewriter tells (`before` an edit, then
@@ -333,276 +364,726 @@ class UseVerdicts:
             entry[0] = version_of(value)
 
 
-class Evaluator:
-    """Evaluates condition expressions against one program."""
+class Tracer:
+    """What `explain` wants to know of a failed decision: the innermost part that failed first.
 
-    def __init__(self, adapter: Adapter, matcher: Matcher, predicates: dict[str, Predicate]):
+    Passed to `Conditions` when the conditions are compiled, it makes the
+    compiled closures report, at the points where a verdict that is not yes
+    is reached, the failing part, its truth, the bindings in force (the
+    quantifier variables and uses being examined) and, for a comparison,
+    the values of its two sides. The closures decide exactly as without it:
+    the tracer only listens. What fails inside a quantifier's filter, a
+    comprehension's condition or a kept verdict's judgement is no failure to
+    report (an element left out is not one), so the tracer is paused there.
+    """
+
+    def __init__(self):
+        self.failure: Failure | None = None
+        self.scope: list[tuple[str, Any]] = []  # quantifier variables and uses in force, innermost last
+        self.paused = 0
+
+    def reset(self) -> None:
+        self.failure = None
+        self.scope.clear()
+        self.paused = 0
+
+    def fail(self, expr, truth: Truth, env: Environment, extra: tuple = (), sides=None) -> None:
+        """`expr` had `truth` (not yes) in `env`; the first such report of a decision is kept.
+        `sides(env)`, for a comparison, gives the values of its two sides."""
+        if self.failure is not None or self.paused:
+            return
+        self.failure = Failure(expr, truth, tuple(self.scope) + extra, dict(env), None if sides is None else sides(env))
+
+
+class Conditions:
+    """`where` conditions compiled once into closures, for one program: the engine's one semantics.
+
+    Every caller decides with these closures: the driver (`holds`), the
+    rewriter and explain (`value` of an expression), examples and verify
+    through them. `explain` compiles the same conditions with a `Tracer`,
+    which adds reports and changes no verdict (tests/engine run every
+    condition of the shipped rules both ways). Builtins are those of
+    `rewrite.engine.builtins`; the user's predicates come from `predicates`.
+
+    With a `table` (the driver's records of wide ops), patterns are matched
+    through it, a rest operand in `lazy_rests` binds a view of a wide op's
+    operands, and quantifiers over such a view, or over a value's uses, are
+    answered from kept summaries (the same verdicts as walking them).
+    A traced compilation walks instead, to name the element that failed.
+    """
+
+    def __init__(self, adapter: Adapter, matcher: Matcher | None, predicates: dict[str, Predicate], *,
+                 table: OperandTable | None = None, lazy_rests: frozenset[int] = frozenset(),
+                 tracer: Tracer | None = None, use_verdicts: UseVerdicts | None = None):
         self.adapter = adapter
-        self.matcher = matcher
         self.predicates = predicates
         self.context = PredicateContext(adapter)
-        self.failure: Failure | None = None
-        self.explaining = False
-        # Quantifier variables in force, kept raw: formatting them is only
-        # worth it when a failure is reported, not on every iteration.
-        self._scope: list[tuple[str, Any]] = []
-        # id(value) -> (value, its constant as a flat list); the value is kept
-        # so its id cannot be reused while cached.
-        self._constants: dict[int, tuple[Any, list | None]] = {}
-        self.use_verdicts = UseVerdicts(adapter)
-        self._ordered: dict[int, tuple[list, list]] = {}  # id(exprs) -> (exprs, `cheap_first` of them)
+        self.table = table
+        self.tracer = tracer
+        if matcher is not None and table is not None:
+            matcher = Matcher(adapter, table, lazy_rests, matcher.budget)
+        self.matcher = matcher
+        self.use_verdicts = use_verdicts if use_verdicts is not None else UseVerdicts(adapter)
+        # What closures read of the graph beyond builtins. They hold it, never this object:
+        # these caches hold the closures, and a cycle would outlive the run.
+        self._reader = _Reader(adapter)
+        self._conjunctions: dict[int, tuple[list, Conjunction]] = {}
+        self._values: dict[int, tuple[Any, ValueFunction]] = {}
+        self._truths: dict[int, tuple[Any, TruthFunction]] = {}
+
+    # ---------------------------------------------------------------- entry points
+
+    def holds(self, exprs: list, env: Environment) -> Verdict:
+        """Whether the conjunction of `exprs` (in `cheap_first` order) holds in `env`:
+        (its truth, and on yes the environment that made it hold)."""
+        cached = self._conjunctions.get(id(exprs))
+        if cached is None or cached[0] is not exprs:
+            flat = cheap_first([part for expr in exprs for part in conjuncts(expr)])
+            cached = (exprs, self.conjunction(flat))
+            self._conjunctions[id(exprs)] = cached
+        self._reader.constants.clear()
+        if self.tracer is not None:
+            self.tracer.reset()
+        return cached[1](env)
+
+    @property
+    def failure(self) -> Failure | None:
+        """Why the last `holds` did not hold (traced compilations only)."""
+        return None if self.tracer is None else self.tracer.failure
+
+    def value(self, expr, env: Environment) -> Any:
+        """The value of `expr` in `env` (compiled on first use)."""
+        cached = self._values.get(id(expr))
+        if cached is None or cached[0] is not expr:
+            cached = self._values[id(expr)] = (expr, self.compile_value(expr))
+        return cached[1](env)
+
+    def truth(self, expr, env: Environment) -> Truth:
+        """The truth of `expr` in `env` (compiled on first use)."""
+        cached = self._truths.get(id(expr))
+        if cached is None or cached[0] is not expr:
+            cached = self._truths[id(expr)] = (expr, self.compile_truth(expr))
+        return cached[1](env)
+
+    # ---------------------------------------------------------------- conjunctions
+
+    def conjunction(self, items: list) -> Conjunction:
+        """items[0] and items[1] and ...; each item's bindings flow to the rest."""
+        if not items:
+            return lambda env: (YES, env)
+        head, rest_items = items[0], items[1:]
+        kind = type(head)
+        tracer = self.tracer
+        if kind is ast.And:
+            return self.conjunction(conjuncts(head) + rest_items)
+        if kind is ast.Or and _binds(head):
+            # (a or b) and rest is (a and rest) or (b and rest): each side binds for the rest in turn.
+            left = self.conjunction(conjuncts(head.left) + rest_items)
+            right = self.conjunction(conjuncts(head.right) + rest_items)
+
+            def either(env):
+                truth, final = left(env)
+                if truth is YES:
+                    return truth, final
+                other, final = right(env)
+                if other is YES:
+                    return other, final
+                return truth | other, None
+
+            return either
+        rest = self.conjunction(rest_items)
+        if kind is ast.SameValue and not head.negated:
+            # `expr is %new` names what expr is, for what follows.
+            subject, var, same = self.compile_value(head.left), head.var, self.compile_truth(head)
+
+            def named(env):
+                if var not in env:
+                    value = subject(env)
+                    if _missing(value) or isinstance(value, (list, tuple)):
+                        if tracer is not None:
+                            tracer.fail(head, MAYBE, env)
+                        return MAYBE, None
+                    return rest({**env, var: value})
+                truth = same(env)
+                if truth is not YES and tracer is not None:
+                    tracer.fail(head, truth, env)
+                return _then(truth, rest, env)
+
+            return named
+        if kind is ast.Matches and not head.negated:
+            # Existential over the ways the pattern matches: the first way that makes the rest hold wins.
+            match = self._ways(head)
+
+            def matched(env):
+                best = NO
+                for extended in match(env):
+                    truth, final = rest(extended)
+                    if truth is YES:
+                        return truth, final
+                    best = best | truth
+                if best is NO and tracer is not None:
+                    tracer.fail(head, NO, env)
+                return best, None
+
+            return matched
+        test = self.compile_truth(head)
+        sides = self._sides(head)
+        if not rest_items:
+            # The last conjunct: no call for an empty rest.
+            def last(env):
+                truth = test(env)
+                if truth is YES:
+                    return truth, env
+                if tracer is not None:
+                    tracer.fail(head, truth, env, sides=sides)
+                return truth, None
+
+            return last
+
+        def step(env):
+            truth = test(env)
+            if truth is YES:
+                return rest(env)
+            if tracer is not None:
+                tracer.fail(head, truth, env, sides=sides)
+            if truth is NO:
+                return NO, None
+            later, _ = rest(env)  # a later *no* still decides after an unknown
+            return (NO if later is NO else MAYBE), None
+
+        return step
+
+    def _sides(self, expr):
+        """For a traced comparison, the function of an environment to the values of its two sides."""
+        if self.tracer is None or type(expr) is not ast.Compare:
+            return None
+        left, right = self.compile_value(expr.left), self.compile_value(expr.right)
+        return lambda env: (left(env), right(env))
+
+    def _ways(self, expr: ast.Matches) -> Callable[[Environment], Any]:
+        """The environments in which `expr`'s subject is produced by an op its pattern matches."""
+        subject = self.compile_value(expr.subject)
+        adapter, matcher, pattern = self.adapter, self.matcher, expr.pattern
+
+        def ways(env):
+            value = subject(env)
+            if (value is None or value is UNKNOWN or value is ABSENT
+                    or isinstance(value, (list, tuple, OperandsExcept))):
+                return ()  # an absent optional operand is produced by no op
+            op = adapter.producer(value)
+            if op is None:
+                return ()
+            return matcher.match_op(pattern, op, env)
+
+        return ways
 
     # ---------------------------------------------------------------- truth
 
-    def holds(self, exprs: list, env: Environment) -> tuple[Truth, Environment | None]:
-        """Evaluate a conjunction (in `cheap_first` order). On YES, also return the
-        environment that made it hold."""
-        self.failure = None
-        self._constants.clear()
-        ordered = self._ordered.get(id(exprs))
-        if ordered is None or ordered[0] is not exprs:
-            ordered = self._ordered[id(exprs)] = (exprs, cheap_first([p for e in exprs for p in conjuncts(e)]))
-        return self._all(ordered[1], env)
+    def compile_truth(self, expr) -> TruthFunction:
+        """`expr` as a function of an environment to its `Truth`."""
+        kind = type(expr)
+        if kind is ast.Compare:
+            left, right, operator = self.compile_value(expr.left), self.compile_value(expr.right), expr.operator
+            if operator == "==":
+                def equals(env):
+                    a, b = left(env), right(env)
+                    if type(a) is int and type(b) is int:  # most dims: no three-valued detour
+                        return YES if a == b else NO
+                    return _equal(a, b)
 
-    def _all(self, items: list, env: Environment, start: int = 0) -> tuple[Truth, Environment | None]:
-        """The conjunction of items[start:], left to right; a pattern binds for what follows it."""
-        result = Truth.YES
-        for position in range(start, len(items)):
-            head = items[position]
-            if type(head) is ast.And:
-                # Flatten and go on from here; what held so far still counts.
-                flattened = items[:position] + conjuncts(head) + items[position + 1 :]
-                truth, final = self._all(flattened, env, position)
-                combined = result & truth
-                return combined, (final if combined is Truth.YES else None)
-            if type(head) is ast.Or and _binds(head):
-                # (a or b) and rest is (a and rest) or (b and rest): each side
-                # binds for the rest in turn.
-                best = Truth.NO
-                rest = items[position + 1 :]
-                for side in (head.left, head.right):
-                    truth, final = self._all([side, *rest], env)
-                    if truth is Truth.YES:
-                        return result, (final if result is Truth.YES else None)
-                    best = best | truth
-                return result & best, None
-            if type(head) is ast.SameValue and not head.negated and head.var not in env:
-                # `expr is %new` names what expr is, for what follows.
-                subject = self.value(head.left, env)
-                if subject is None or subject is UNKNOWN or subject is ABSENT or isinstance(subject, (list, tuple)):
-                    self._fail(head, Truth.UNKNOWN, env)
-                    return Truth.UNKNOWN, None
-                env = {**env, head.var: subject}
-                continue
-            if type(head) is ast.Matches and not head.negated:
-                # Existential over the ways the pattern matches: the first way
-                # that makes the rest hold wins.
-                best = Truth.NO
-                for extended in self._match(head, env):
-                    truth, final = self._all(items, extended, position + 1)
-                    if truth is Truth.YES:
-                        return result, (final if result is Truth.YES else None)
-                    best = best | truth
-                if best is Truth.NO and self.failure is None:
-                    self._fail(head, Truth.NO, env)
-                return result & best, None
-            truth = self.truth(head, env)
-            if truth is not Truth.YES:
-                self._fail(head, truth, env)
-                if truth is Truth.NO:
-                    return truth, None
-                result = Truth.UNKNOWN
-        return result, (env if result is Truth.YES else None)
+                return equals
+            if operator == "!=":
+                return lambda env: ~_equal(left(env), right(env))
+            return lambda env: order(operator, left(env), right(env))
+        if kind is ast.And:
+            conjunction = self.conjunction(conjuncts(expr))
+            return lambda env: conjunction(env)[0]
+        if kind is ast.Or:
+            left, right = self.compile_truth(expr.left), self.compile_truth(expr.right)
 
-    def _fail(self, expr, truth: Truth, env: Environment, extra: tuple = ()) -> None:
-        if self.failure is not None:
-            return
-        bindings = tuple(self._scope) + extra
-        if not self.explaining:
-            self.failure = Failure(expr, truth, bindings)
-            return
-        sides = None
-        if isinstance(expr, ast.Compare):
-            sides = (self.value(expr.left, env), self.value(expr.right, env))
-        self.failure = Failure(expr, truth, bindings, dict(env), sides)
+            def either(env):
+                first = left(env)
+                return first if first is YES else first | right(env)
 
-    def truth(self, expr, env: Environment) -> Truth:
-        method = self._truth_of.get(type(expr))
-        if method is not None:
-            return method(self, expr, env)
-        value = self.value(expr, env)
-        if isinstance(value, Truth):
-            return value
-        if isinstance(value, bool):
-            return Truth.of(value)
-        return Truth.UNKNOWN
+            return either
+        if kind is ast.Not:
+            operand = self.compile_truth(expr.operand)
+            return lambda env: ~operand(env)
+        if kind is ast.SameValue:
+            subject, var, negated = self.compile_value(expr.left), expr.var, expr.negated
 
-    def _and(self, expr: ast.And, env: Environment) -> Truth:
-        return self._all(conjuncts(expr), env)[0]
+            def same(env):
+                if var not in env:  # binding is for conjunctions; under `not` it decides nothing
+                    return MAYBE
+                truth = Truth.of(subject(env) == env[var])
+                return ~truth if negated else truth
 
-    def _or(self, expr: ast.Or, env: Environment) -> Truth:
-        left = self.truth(expr.left, env)
-        if left is Truth.YES:
-            return left
-        return left | self.truth(expr.right, env)
+            return same
+        if kind is ast.Matches:
+            ways, negated = self._ways(expr), expr.negated
 
-    def _not(self, expr: ast.Not, env: Environment) -> Truth:
-        return ~self.truth(expr.operand, env)
+            def matches(env):
+                found = Truth.of(any(True for _ in ways(env)))
+                return ~found if negated else found
 
-    def _same_value(self, expr: ast.SameValue, env: Environment) -> Truth:
-        if expr.var not in env:  # binding is for conjunctions; under `not` it decides nothing
-            return Truth.UNKNOWN
-        same = Truth.of(self.value(expr.left, env) == env[expr.var])
-        return ~same if expr.negated else same
+            return matches
+        if kind is ast.Quantifier:
+            return self._quantifier(expr)
+        if kind is ast.EveryUse:
+            return self._every_use(expr)
+        value = self.compile_value(expr)
 
-    def _matches(self, expr: ast.Matches, env: Environment) -> Truth:
-        found = Truth.of(any(True for _ in self._match(expr, env)))
-        return ~found if expr.negated else found
-
-    def _match(self, expr: ast.Matches, env: Environment):
-        subject = self.value(expr.subject, env)
-        # An absent optional operand (`reps=%r?`) is produced by no op.
-        if subject is None or subject is UNKNOWN or subject is ABSENT or isinstance(subject, (list, tuple)):
-            return iter(())
-        op = self.adapter.producer(subject)
-        if op is None:
-            return iter(())
-        return self.matcher.match_op(expr.pattern, op, env)
-
-    def _compare(self, expr: ast.Compare, env: Environment) -> Truth:
-        left = self.value(expr.left, env)
-        right = self.value(expr.right, env)
-        if expr.operator in ("==", "!="):
-            same = _equal(left, right)
-            return same if expr.operator == "==" else ~same
-        return order(expr.operator, left, right)
-
-    def _quantifier(self, expr: ast.Quantifier, env: Environment) -> Truth:
-        domain = domain_list(self.value(expr.domain, env))
-        if domain is None:
-            return Truth.UNKNOWN
-        forall = expr.kind == "forall"
-        result = Truth.YES if forall else Truth.NO
-        inner = dict(env)
-        for element in domain:
-            inner[expr.variable] = element
-            self._scope.append((expr.variable, element))
-            try:
-                selected, scope = Truth.YES, inner
-                if expr.filter is not None:
-                    # A pattern in the filter binds for the body. A filter that
-                    # fails only skips this element; it is no failure to report.
-                    failure = self.failure
-                    selected, scope = self._all(conjuncts(expr.filter), inner)
-                    self.failure = failure
-                if selected is Truth.NO:
-                    continue
-                if scope is None:
-                    # An unknown filter binds nothing; the body may still hold
-                    # (unknown -> yes is yes). If it needs the filter's
-                    # bindings it cannot be decided.
-                    try:
-                        body = self.truth(expr.body, inner)
-                    except KeyError:
-                        body = Truth.UNKNOWN
-                else:
-                    body = self.truth(expr.body, scope)
-            finally:
-                self._scope.pop()
-            if body is not Truth.YES:
-                # The first element whose body fails is the one to report.
-                self._fail(expr.body, body, scope or inner, ((expr.variable, element),))
-            if forall:
-                result = result & (~selected | body)
-                if result is Truth.NO:
-                    return result
-            else:
-                result = result | (selected & body)
-                if result is Truth.YES:
-                    return result
-        if forall and result is not Truth.YES:
-            self._fail(expr, result, env)
-        return result
-
-    def _every_use(self, expr: ast.EveryUse, env: Environment) -> Truth:
-        value = env[expr.of]
-        # A kept yes has no failure to report; any other verdict walks, to name the use.
-        if self.use_verdicts.verdict(expr, value, env, self._judge(expr)) is Truth.YES:
-            return Truth.YES
-        return self._walk_uses(expr, value, env)
-
-    def _judge(self, expr: ast.EveryUse):
-        """The body's verdict at one use of a value, recording no failure (`UseVerdicts`)."""
-
-        def judge(consumer, value) -> Truth:
-            outputs = self.adapter.outputs(consumer)
-            failure = self.failure
-            verdict = self.truth(expr.body, {expr.of: value, expr.variable: outputs[0] if outputs else None})
-            self.failure = failure
-            return verdict
-
-        return judge
-
-    def _walk_uses(self, expr: ast.EveryUse, value, env: Environment) -> Truth:
-        result = Truth.YES
-        inner = dict(env)
-        for consumer in self.adapter.consumers(value):
-            outputs = self.adapter.outputs(consumer)
-            inner[expr.variable] = outputs[0] if outputs else None
-            self._scope.append((expr.variable, consumer))
-            try:
-                truth = self.truth(expr.body, inner)
-            finally:
-                self._scope.pop()
-            if truth is not Truth.YES:
-                self._fail(expr.body, truth, inner, ((expr.variable, consumer),))
-            result = result & truth
-            if result is Truth.NO:
+        def as_truth(env):
+            result = value(env)
+            if isinstance(result, Truth):
                 return result
-        return result
+            if isinstance(result, bool):
+                return Truth.of(result)
+            return MAYBE
+
+        return as_truth
+
+    def _quantifier(self, expr: ast.Quantifier) -> TruthFunction:
+        domain_of, variable, forall = self.compile_value(expr.domain), expr.variable, expr.kind == "forall"
+        body = self.compile_truth(expr.body)
+        if self.tracer is not None:
+            return self._traced_quantifier(expr, domain_of, body)
+        summarized = self._over_operands(expr) if self.table is not None and expr.filter is None else None
+        if summarized is not None:
+            general = self._plain_quantifier(None, variable, forall, None, body)
+
+            def over_operands(env):
+                domain = domain_of(env)
+                if type(domain) is OperandsExcept:
+                    found = summarized(domain, env)
+                    if found is not None:
+                        return found
+                return general(env, domain)
+
+            return over_operands
+        if expr.filter is None or not _binds(expr.filter):
+            return self._plain_quantifier(domain_of, variable, forall, expr.filter, body)
+        keep = self.conjunction(conjuncts(expr.filter))
+
+        def quantified(env):
+            domain = domain_list(domain_of(env))
+            if domain is None:
+                return MAYBE
+            result = YES if forall else NO
+            inner = dict(env)
+            for element in domain:
+                inner[variable] = element
+                selected, scope = keep(inner)
+                if selected is NO:
+                    continue
+                result = _with_element(forall, result, selected, _filtered_body(body, inner, scope))
+                if result is (NO if forall else YES):
+                    return result
+            return result
+
+        return quantified
+
+    def _traced_quantifier(self, expr: ast.Quantifier, domain_of, body) -> TruthFunction:
+        """The general quantifier, reporting to the tracer the first element whose body fails."""
+        tracer, variable, forall = self.tracer, expr.variable, expr.kind == "forall"
+        keep = None if expr.filter is None else self.conjunction(conjuncts(expr.filter))
+        sides = self._sides(expr.body)
+
+        def quantified(env):
+            domain = domain_list(domain_of(env))
+            if domain is None:
+                return MAYBE
+            result = YES if forall else NO
+            inner = dict(env)
+            for element in domain:
+                inner[variable] = element
+                tracer.scope.append((variable, element))
+                try:
+                    selected, scope = YES, inner
+                    if keep is not None:
+                        # A filter that fails only skips this element; it is no failure to report.
+                        tracer.paused += 1
+                        try:
+                            selected, scope = keep(inner)
+                        finally:
+                            tracer.paused -= 1
+                    if selected is NO:
+                        continue
+                    holds = _filtered_body(body, inner, scope)
+                finally:
+                    tracer.scope.pop()
+                if holds is not YES:
+                    tracer.fail(expr.body, holds, scope or inner, ((variable, element),), sides)
+                result = _with_element(forall, result, selected, holds)
+                if result is (NO if forall else YES):
+                    return result
+            if forall and result is not YES:
+                tracer.fail(expr, result, env)
+            return result
+
+        return quantified
+
+    def _over_operands(self, expr: ast.Quantifier):
+        """`forall/exists x in %rest: body` answered from the record of the op whose
+        operands `%rest` views, for the bodies that only ask about one feature of x;
+        None for any other body. The function returns None when it cannot answer
+        (the feature's arguments have no summary), and the loop runs instead."""
+        variable, forall, body = expr.variable, expr.kind == "forall", expr.body
+        kind = type(body)
+        if kind is ast.SameValue and type(body.left) is ast.NameRef and body.left.name == variable:
+            var, negated = body.var, body.negated
+
+            def same(view: OperandsExcept, env):
+                total = len(view)
+                if var not in env:
+                    return _verdict(forall, 0, total, 0)
+                found = view.count(env[var])
+                if negated:
+                    return _verdict(forall, total - found, 0, found)
+                return _verdict(forall, found, 0, total - found)
+
+            return same
+        compiled = self._feature_comparison(body, variable)
+        if compiled is None:
+            return None
+        feature_of, other_of, operator, compare = compiled
+
+        def compared(view: OperandsExcept, env):
+            feature = feature_of(env)
+            if feature is None:
+                return None
+            rhs = other_of(env)
+            total = len(view)
+            key, function = feature
+            if key is _CONSTANT:  # the same for every operand
+                return (YES if forall else NO) if not total else compare(function, rhs)
+            try:
+                summary = view.record.summary(key, lambda: Counts(function))
+            except TypeError:  # an argument that cannot name a summary
+                return None
+            if summary is None:
+                return None
+            return _verdict(forall, *_tally(summary, summary.of[view.excluded], total, rhs, operator, compare))
+
+        return compared
+
+    def _feature_comparison(self, body, variable: str):
+        """For a body `feature(x, ...) <op> other` (either way round), x the quantified
+        variable and nothing else reading it: (the feature's summary key and function
+        for an environment, the other side, the operator, the comparison with the
+        feature on its side); None for any other body."""
+        if type(body) is not ast.Compare:
+            return None
+        if _feature_call(body.left, variable) and not _mentions(body.right, variable):
+            call, other, feature_left = body.left, body.right, True
+        elif _feature_call(body.right, variable) and not _mentions(body.left, variable):
+            call, other, feature_left = body.right, body.left, False
+        else:
+            return None
+        canonical, adapter = _FEATURES[call.function], self.adapter
+        arguments = [self.compile_value(argument) for argument in call.arguments[1:]]
+        keywords = [(name, self.compile_value(argument)) for name, argument in call.keywords]
+
+        def feature_of(env):
+            return canonical(adapter, *[a(env) for a in arguments], **{n: a(env) for n, a in keywords})
+
+        return feature_of, self.compile_value(other), body.operator, _comparison(body.operator, feature_left)
+
+    def _over_uses(self, expr: ast.EveryUse):
+        """`every use %u of %v: feature(%u, ...) <op> other`, `other` and the
+        feature's arguments not reading %u, answered from the feature's counts
+        over the uses of %v (`UseVerdicts.summary`), which every anchor asking
+        about %v shares; None for any other body. The function returns None
+        when it cannot answer, and the uses are walked instead."""
+        compiled = self._feature_comparison(expr.body, expr.variable)
+        if compiled is None:
+            return None
+        feature_of, other_of, operator, compare = compiled
+        adapter, verdicts = self.adapter, self.use_verdicts
+
+        def of_use(function):
+            # A use without an output reads as the call of a missing value: unknown.
+            def feature(consumer):
+                outputs = adapter.outputs(consumer)
+                return function(outputs[0]) if outputs else UNKNOWN
+
+            return feature
+
+        def counted(value, env):
+            feature = feature_of(env)
+            if feature is None:
+                return None
+            key, function = feature
+            if key is _CONSTANT:
+                return None  # the same for every use: the walk costs one comparison a use
+            summary = verdicts.summary(key, value, lambda: Counts(of_use(function)))
+            if summary is None:
+                return None
+            total = sum(summary.counts.values())
+            return _verdict(True, *_tally(summary, _NOTHING, total, other_of(env), operator, compare))
+
+        return counted
+
+    def _plain_quantifier(self, domain_of, variable, forall, filter_expr, body):
+        """A quantifier whose filter binds nothing: the same verdicts as the
+        general one, with the filter a plain truth and the connectives unrolled.
+        Without `domain_of`, the function takes the domain after the environment."""
+        keep = None if filter_expr is None else self.compile_truth(filter_expr)
+
+        def over(env, domain):
+            domain = domain_list(domain)
+            if domain is None:
+                return MAYBE
+            unsure = False
+            inner = dict(env)
+            for element in domain:
+                inner[variable] = element
+                selected = YES if keep is None else keep(inner)
+                if selected is NO:
+                    continue
+                if selected is YES:
+                    holds = body(inner)
+                else:
+                    try:
+                        holds = body(inner)
+                    except KeyError:  # as in the general form: unknown
+                        holds = MAYBE
+                    # An element that may not be in the domain counts as
+                    # forall's (~selected | holds) or exists' (selected & holds).
+                    if forall:
+                        holds = YES if holds is YES else MAYBE
+                    else:
+                        holds = NO if holds is NO else MAYBE
+                if holds is YES:
+                    if not forall:
+                        return YES
+                elif holds is NO:
+                    if forall:
+                        return NO
+                else:
+                    unsure = True
+            if unsure:
+                return MAYBE
+            return YES if forall else NO
+
+        if domain_of is None:
+            return over
+        return lambda env: over(env, domain_of(env))
+
+    def _every_use(self, expr: ast.EveryUse) -> TruthFunction:
+        adapter, of, variable, body = self.adapter, expr.of, expr.variable, self.compile_truth(expr.body)
+        verdicts, tracer = self.use_verdicts, self.tracer
+
+        def judge(consumer, value):
+            """The body at one use of `value`: what a kept tally records."""
+            outputs = adapter.outputs(consumer)
+            if tracer is not None:
+                tracer.paused += 1
+            try:
+                return body({of: value, variable: outputs[0] if outputs else None})
+            finally:
+                if tracer is not None:
+                    tracer.paused -= 1
+
+        if tracer is not None:
+            sides = self._sides(expr.body)
+
+            def walk_traced(value, env):
+                result = YES
+                inner = dict(env)
+                for consumer in adapter.consumers(value):
+                    outputs = adapter.outputs(consumer)
+                    inner[variable] = outputs[0] if outputs else None
+                    tracer.scope.append((variable, consumer))
+                    try:
+                        truth = body(inner)
+                    finally:
+                        tracer.scope.pop()
+                    if truth is not YES:
+                        tracer.fail(expr.body, truth, inner, ((variable, consumer),), sides)
+                    result = result & truth
+                    if result is NO:
+                        return result
+                return result
+
+            def traced(env):
+                value = env[of]
+                # A kept yes has no failure to report; any other verdict walks, to name the use.
+                if verdicts.keeps(expr) and verdicts.verdict(expr, value, env, judge) is YES:
+                    return YES
+                return walk_traced(value, env)
+
+            return traced
+
+        def walk(value, env):
+            result = YES
+            inner = dict(env)
+            for consumer in adapter.consumers(value):
+                outputs = adapter.outputs(consumer)
+                inner[variable] = outputs[0] if outputs else None
+                result = result & body(inner)
+                if result is NO:
+                    return result
+            return result
+
+        if not verdicts.keeps(expr):
+            summarized = self._over_uses(expr)
+            if summarized is None:
+                return lambda env: walk(env[of], env)
+
+            def counted(env):
+                value = env[of]
+                found = summarized(value, env)
+                return walk(value, env) if found is None else found
+
+            return counted
+
+        def every(env):
+            value = env[of]
+            kept = verdicts.verdict(expr, value, env, judge)
+            return walk(value, env) if kept is None else kept
+
+        return every
 
     # ---------------------------------------------------------------- values
 
-    def value(self, expr, env: Environment) -> Any:
-        method = self._value_of.get(type(expr))
-        if method is None:
-            return self.truth(expr, env)
-        return method(self, expr, env)
+    def compile_value(self, expr) -> ValueFunction:
+        """`expr` as a function of an environment to its value."""
+        kind = type(expr)
+        if kind is ast.Literal:
+            constant = expr.value
+            return lambda env: constant
+        # Bindings are read at nearly every step: by callables that run in C,
+        # not a Python frame each.
+        if kind is ast.ValueRef:
+            return itemgetter(expr.var)  # env[var]
+        if kind is ast.NameRef:
+            named = NAMED_CONSTANTS.get(expr.name, (None, None))[1]
+            return methodcaller("get", expr.name, named)  # env[name] if bound, else the constant
+        if kind is ast.ListExpr:
+            items = [self.compile_value(item) for item in expr.items]
+            return lambda env: [item(env) for item in items]
+        if kind is ast.Index:
+            base, position, index = self.compile_value(expr.base), self.compile_value(expr.index), self._reader.index
+            return lambda env: index(base(env), position(env))
+        if kind is ast.Arithmetic:
+            left, right, operator = self.compile_value(expr.left), self.compile_value(expr.right), expr.operator
+            return lambda env: _arithmetic(operator, left(env), right(env))
+        if kind is ast.Conditional:
+            condition = self.compile_truth(expr.condition)
+            then, otherwise = self.compile_value(expr.then), self.compile_value(expr.otherwise)
+            return lambda env: then(env) if condition(env) is YES else otherwise(env)
+        if kind is ast.Comprehension:
+            return self._comprehension(expr)
+        if kind is ast.Call:
+            return self._call(expr)
+        return self.compile_truth(expr)
 
-    def _literal(self, expr: ast.Literal, env: Environment):
-        return expr.value
+    def _comprehension(self, expr: ast.Comprehension) -> ValueFunction:
+        domain_of, variable, item = self.compile_value(expr.domain), expr.variable, self.compile_value(expr.item)
+        keep = None if expr.keep is None else self.compile_truth(expr.keep)
+        tracer = self.tracer
 
-    def _value_ref(self, expr: ast.ValueRef, env: Environment):
-        return env[expr.var]
+        def comprehension(env):
+            domain = domain_list(domain_of(env))
+            if domain is None:
+                return UNKNOWN
+            inner = dict(env)
+            items = []
+            if tracer is not None:
+                tracer.paused += 1  # an element left out is no failure to report
+            try:
+                for element in domain:
+                    inner[variable] = element
+                    if keep is None or keep(inner) is YES:
+                        items.append(item(inner))
+            finally:
+                if tracer is not None:
+                    tracer.paused -= 1
+            return items
 
-    def _name_ref(self, expr: ast.NameRef, env: Environment):
-        if expr.name in env:
-            return env[expr.name]
-        return NAMED_CONSTANTS[expr.name][1]
+        return comprehension
 
-    def _list(self, expr: ast.ListExpr, env: Environment):
-        return [self.value(item, env) for item in expr.items]
+    def _call(self, expr: ast.Call) -> ValueFunction:
+        arguments = [self.compile_value(a) for a in expr.arguments]
+        keywords = [(name, self.compile_value(a)) for name, a in expr.keywords]
+        if expr.function == "internal":  # needs the bindings, not just the adapter
+            (argument,) = arguments
+            internal = self._reader.internal
+            return lambda env: internal(argument(env), env)
+        found = builtins.REGISTRY.get(expr.function)
+        if found is None:
+            predicate, context = self.predicates[expr.function], self.context
 
-    def _conditional(self, expr: ast.Conditional, env: Environment):
-        if self.truth(expr.condition, env) is Truth.YES:
-            return self.value(expr.then, env)
-        return self.value(expr.otherwise, env)
+            def predicated(env):
+                result = predicate.function(context, *[a(env) for a in arguments])
+                if isinstance(result, Truth):
+                    return result
+                return MAYBE if result is None else Truth.of(bool(result))
 
-    def _comprehension(self, expr: ast.Comprehension, env: Environment):
-        domain = domain_list(self.value(expr.domain, env))
-        if domain is None:
-            return UNKNOWN
-        items = []
-        inner = dict(env)
-        failure = self.failure  # an element left out is no failure to report
-        for element in domain:
-            inner[expr.variable] = element
-            if expr.keep is None or self.truth(expr.keep, inner) is Truth.YES:
-                items.append(self.value(expr.item, inner))
-        self.failure = failure
-        return items
+            return predicated
+        builtin, adapter = found.function, self.adapter
+        positions, names = _VALUE_PARAMETERS[expr.function]
+        if expr.function == "absent":
+            positions, names = (), ()
+        positions = tuple(p for p in positions if p < len(arguments))
+        missing = builtins.missing_result(expr.function)
+        if expr.function == "broadcasts" and self.table is not None and len(arguments) == 1 and not keywords:
+            return self._broadcasts(arguments[0], _fixed_call(builtin, adapter, arguments, positions, missing))
+        if not keywords and len(arguments) <= 3:
+            return _fixed_call(builtin, adapter, arguments, positions, missing)
+        if len(keywords) == 1 and len(arguments) == 2:
+            return _fixed_keyword_call(builtin, adapter, arguments, positions, keywords[0], names, missing)
 
-    def _internal(self, value, env: Environment) -> Truth:
+        def call(env):
+            values = [argument(env) for argument in arguments]
+            for position in positions:
+                if _missing(values[position]):
+                    return missing
+            if not keywords:
+                return builtin(adapter, *values)
+            given = {name: argument(env) for name, argument in keywords}
+            for name in names:
+                value = given.get(name)
+                if value is ABSENT or value is UNKNOWN:
+                    return missing
+            return builtin(adapter, *values, **given)
+
+        return call
+
+    def _broadcasts(self, argument: ValueFunction, general: ValueFunction) -> ValueFunction:
+        """`broadcasts(%u)`, read from the record of a wide op: asked once of the
+        adapter, whose answer lists every operand."""
+        table, adapter = self.table, self.adapter
+        if getattr(adapter, "broadcast_operands", None) is None:
+            return general  # unknown, the builtin says
+        builtin = builtins.function_of("broadcasts")
+
+        def broadcasts(env):
+            value = argument(env)
+            if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
+                return general(env)
+            if table.active:
+                op = adapter.producer(value)
+                record = table.records.get(op)
+                if record is not None:
+                    return Truth.of(table.broadcasting(record)[0])
+            return builtin(adapter, value)
+
+        return broadcasts
+
+class _Reader:
+    """What compiled conditions read of the graph besides builtins: indexing, `internal`."""
+
+    __slots__ = ("adapter", "constants")
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        # id(value) -> (value, its constant as a flat list), for one decision (constants
+        # do not change while conditions are decided); the value is kept so its id stays its own.
+        self.constants: dict[int, tuple[Any, list | None]] = {}
+
+    def internal(self, value, env: Environment) -> Truth:
         """Every use of `value` is by an op the rule bound (the anchor, a matched producer)."""
         if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
             return Truth.UNKNOWN
@@ -624,13 +1105,7 @@ class Evaluator:
             return Truth.NO
         return Truth.of(all(consumer in matched for consumer in self.adapter.consumers(value)))
 
-    def _index_expr(self, expr: ast.Index, env: Environment):
-        return self._index(self.value(expr.base, env), self.value(expr.index, env))
-
-    def _arithmetic_expr(self, expr: ast.Arithmetic, env: Environment):
-        return _arithmetic(expr.operator, self.value(expr.left, env), self.value(expr.right, env))
-
-    def _index(self, base, position):
+    def index(self, base, position):
         if base is UNKNOWN:
             return UNKNOWN
         if type(position) is not int:  # an int is what `%reps[axis]` gives nearly always
@@ -642,7 +1117,7 @@ class Evaluator:
             position = int(position)
             return base[position] if -len(base) <= position < len(base) else UNKNOWN
         if not isinstance(base, list):
-            base = self._constant_list(base)
+            base = self.constant_list(base)
             if base is None:
                 return UNKNOWN
         position = int(position)
@@ -650,713 +1125,344 @@ class Evaluator:
             return UNKNOWN
         return base[position]
 
-    def _constant_list(self, value) -> list | None:
-        # `%reps[axis]` is read once per axis; convert the constant once per
-        # evaluation (constants do not change while conditions are evaluated).
+    def constant_list(self, value) -> list | None:
+        # `%reps[axis]` is read once per axis; convert the constant once per decision.
         if value is ABSENT:
             return None
-        cached = self._constants.get(id(value))
+        cached = self.constants.get(id(value))
         if cached is None:
             constant = self.adapter.constant(value)
-            cached = self._constants[id(value)] = (
+            cached = self.constants[id(value)] = (
                 value, None if constant is None else np.asarray(constant).reshape(-1).tolist()
             )
         return cached[1]
 
-    def _call(self, expr: ast.Call, env: Environment):
-        arguments = [self.value(a, env) for a in expr.arguments]
-        keywords = {name: self.value(a, env) for name, a in expr.keywords}
-        if expr.function == "internal":  # needs the bindings, not just the adapter
-            return self._internal(arguments[0], env)
-        builtin = _BUILTINS.get(expr.function)
-        if builtin is not None:
-            if expr.function != "absent" and _missing_value(expr.function, arguments, keywords):
-                # A graph-value parameter given an absent operand (or nothing known).
-                return Truth.UNKNOWN if BUILTINS[expr.function].result is Type.BOOL else UNKNOWN
-            return builtin(self.adapter, *arguments, **keywords)
-        predicate = self.predicates[expr.function]
-        result = predicate.function(self.context, *arguments)
-        if isinstance(result, Truth):
-            return result
-        if result is None:
-            return Truth.UNKNOWN
-        return Truth.of(bool(result))
 
 
-Evaluator._truth_of = {
-    ast.And: Evaluator._and,
-    ast.Or: Evaluator._or,
-    ast.Not: Evaluator._not,
-    ast.Compare: Evaluator._compare,
-    ast.SameValue: Evaluator._same_value,
-    ast.Matches: Evaluator._matches,
-    ast.Quantifier: Evaluator._quantifier,
-    ast.EveryUse: Evaluator._every_use,
-}
-Evaluator._value_of = {
-    ast.ValueRef: Evaluator._value_ref,
-    ast.Literal: Evaluator._literal,
-    ast.NameRef: Evaluator._name_ref,
-    ast.Index: Evaluator._index_expr,
-    ast.Call: Evaluator._call,
-    ast.ListExpr: Evaluator._list,
-    ast.Conditional: Evaluator._conditional,
-    ast.Comprehension: Evaluator._comprehension,
-    ast.Arithmetic: Evaluator._arithmetic_expr,
-}
 
+def _with_element(forall: bool, result: Truth, selected: Truth, holds: Truth) -> Truth:
+    """A quantifier's verdict so far, with one more element the filter `selected` and the body `holds` for:
+    forall's `and` of (~selected | holds), exists' `or` of (selected & holds)."""
+    return result & (~selected | holds) if forall else result | (selected & holds)
 
-# -------------------------------------------------------------------- helpers
 
-
-# builtin -> (positions, keyword names) of its graph-value parameters; computed
-# once, since every call of a builtin checks them.
-_VALUE_PARAMETERS = {
-    name: (
-        tuple(i for i, p in enumerate(signature.positional) if p.type is Type.VALUE),
-        tuple(n for n, p in signature.keywords.items() if p.type is Type.VALUE),
-    )
-    for name, signature in BUILTINS.items()
-}
-
-
-def _missing_value(function: str, arguments, keywords) -> bool:
-    positions, names = _VALUE_PARAMETERS[function]
-    for position in positions:
-        if position < len(arguments):
-            argument = arguments[position]
-            if argument is ABSENT or argument is UNKNOWN or argument is None:
-                return True
-    for name in names:
-        argument = keywords.get(name)
-        if argument is ABSENT or argument is UNKNOWN:
-            return True
-    return False
-
-
-def _equal(left, right) -> Truth:
-    if isinstance(left, list) and isinstance(right, list):
-        if len(left) != len(right):
-            return Truth.NO
-        result = Truth.YES
-        for a, b in zip(left, right):
-            result = result & _equal(a, b)
-        return result
-    if isinstance(left, Truth) and isinstance(right, Truth):
-        if Truth.UNKNOWN in (left, right):
-            return Truth.UNKNOWN
-        return Truth.of(left is right)
-    if isinstance(left, list) or isinstance(right, list):
-        return Truth.UNKNOWN if UNKNOWN in (left, right) else Truth.NO
-    return equal(left, right)
-
-
-def _arithmetic(operator: str, left, right):
-    if not (is_literal(left) and is_literal(right)):
-        return UNKNOWN
-    if operator == "+":
-        return left + right
-    if operator == "-":
-        return left - right
-    if operator == "*":
-        return left * right
-    if right == 0:
-        return UNKNOWN
-    quotient = left / right
-    if isinstance(left, int) and isinstance(right, int) and left % right == 0:
-        return left // right
-    return quotient
-
-
-def _shape(adapter: Adapter, value):
-    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
-        return None
-    return adapter.shape(value)
-
-
-def _proven(adapter: Adapter, value, shape):
-    """`shape`, or where it has a dim that is no literal, what the adapter can
-    prove about it by following shape arithmetic (asked only then: it costs more)."""
-    prove = getattr(adapter, "proven_shape", None)
-    if prove is None or (shape is not None and all(is_literal(d) for d in shape)):
-        return shape
-    return prove(value)
-
-
-def _axis(axis, rank: int):
-    if type(axis) is int:
-        return axis + rank if -rank <= axis < 0 else (axis if 0 <= axis < rank else None)
-    if not is_literal(axis) or axis != int(axis):
-        return None
-    axis = int(axis)
-    if axis < 0:
-        axis += rank
-    return axis if 0 <= axis < rank else None
-
-
-def _rank(adapter, value):
-    shape = _shape(adapter, value)
-    if shape is None:
-        shape = _proven(adapter, value, shape)
-    return UNKNOWN if shape is None else len(shape)
-
-
-def _dim(adapter, value, axis):
-    shape = _shape(adapter, value)
-    if shape is None:
-        shape = _proven(adapter, value, shape)
-        if shape is None:
-            return UNKNOWN
-    index = _axis(axis, len(shape))
-    if index is None:
-        return UNKNOWN
-    dim = shape[index]
-    if type(dim) is int or is_literal(dim):
-        return dim
-    return _proven(adapter, value, shape)[index]
-
-
-def _shape_list(adapter, value):
-    shape = _shape(adapter, value)
-    shape = _proven(adapter, value, shape)
-    return UNKNOWN if shape is None else list(shape)
-
-
-def _axes(adapter, value):
-    rank = _rank(adapter, value)
-    return UNKNOWN if rank is UNKNOWN else list(range(rank))
-
-
-def _aligned_dim(adapter, value, axis, of):
-    offset = _aligned_offset(adapter, axis, of)
-    return UNKNOWN if offset is None else _right_dim(adapter, value, offset)
-
-
-def _aligned_offset(adapter, axis, of) -> int | None:
-    """Where `axis` of `of` is counted from the right (1 for the last axis);
-    None when `of`'s rank is unknown or it has no such axis."""
-    reference = _shape(adapter, of)
-    if reference is None:
-        reference = _proven(adapter, of, reference)
-    if reference is None:
-        return None
-    index = _axis(axis, len(reference))
-    return None if index is None else len(reference) - index
-
-
-def _right_dim(adapter, value, offset: int):
-    """The dim of `value` `offset` axes from the right (1 beyond its rank): its
-    dim aligned, numpy's way, with an axis that far from the right of another value."""
-    shape = _shape(adapter, value)
-    if shape is None:
-        shape = _proven(adapter, value, shape)
-    if shape is None:
-        return UNKNOWN
-    position = len(shape) - offset
-    if position < 0:
-        return 1
-    dim = shape[position]
-    if type(dim) is int or is_literal(dim):
-        return dim
-    return _proven(adapter, value, shape)[position]
-
-
-def _constant(adapter, value):
-    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
-        return None
-    return adapter.constant(value)
-
-
-def _absent(adapter, value):
-    return Truth.of(value is ABSENT)
-
-
-def _is_const(adapter, value):
-    return Truth.of(_constant(adapter, value) is not None)
-
-
-def _const(adapter, value):
-    constant = _constant(adapter, value)
-    return UNKNOWN if constant is None else np.asarray(constant).tolist()
-
-
-def _is_symbolic(adapter, dim):
-    if dim is UNKNOWN:
-        return Truth.UNKNOWN
-    return Truth.of(isinstance(dim, Symbol))
-
-
-def _is_known(adapter, dim):
-    return Truth.of(is_literal(dim) and not (isinstance(dim, float) and math.isnan(dim)))
-
-
-def _dtype(adapter, value):
-    if value is None or value is UNKNOWN or value is ABSENT:
-        return UNKNOWN
-    dtype = adapter.dtype(value)
-    return UNKNOWN if dtype is None else dtype
-
-
-def _use_count(adapter, value):
-    return use_counter(adapter)(value)
-
-
-def _one_use(adapter, value):
-    # Counted up to 2: a value every layer reads is not listed to say it has more than one use.
-    return Truth.of(use_counter(adapter)(value, 2) == 1 and not adapter.is_block_output(value))
-
-
-def _block_output(adapter, value):
-    return Truth.of(adapter.is_block_output(value))
-
-
-def _is_input(adapter, value):
-    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
-        return Truth.UNKNOWN
-    return Truth.of(adapter.producer(value) is None)
-
-
-def _same_block(adapter, value, other):
-    if value is None or other is None:
-        return Truth.NO
-    return Truth.of(adapter.defining_block(value) == adapter.defining_block(other))
-
-
-def _broadcasts(adapter, value):
-    op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
-    if op is None:
-        return Truth.NO
-    broadcast_operands = getattr(adapter, "broadcast_operands", None)
-    if broadcast_operands is None:
-        return Truth.UNKNOWN
-    return Truth.of(broadcast_operands(op) is not None)
-
-
-def _op_type(adapter, value):
-    op = adapter.producer(value) if value is not None else None
-    return UNKNOWN if op is None else adapter.op_type(op)
-
-
-def _attribute(adapter, value, name):
-    op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
-    if op is None or not isinstance(name, str):
-        return UNKNOWN
-    found = adapter.attribute(op, name)
-    return UNKNOWN if found is None else found
-
-
-def _normalized_axes(adapter, axes, rank):
-    if is_literal(axes):
-        axes = [axes]
-    if not isinstance(axes, list) or not is_literal(rank) or rank != int(rank):
-        return UNKNOWN
-    rank = int(rank)
-    positions = set()
-    for axis in axes:
-        if not is_literal(axis) or axis != int(axis) or not -rank <= int(axis) < rank:
-            return UNKNOWN
-        positions.add(int(axis) % rank)
-    return sorted(positions)
-
-
-_NUMPY_TYPES = {
-    "bool": np.bool_, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
-    "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
-    "fp16": np.float16, "fp32": np.float32, "fp64": np.float64,
-}
-
-
-def _zero_of(adapter, dtype):
-    kind = _NUMPY_TYPES.get(dtype) if isinstance(dtype, str) else None
-    return UNKNOWN if kind is None else kind(0)
-
-
-def _lowest(adapter, dtype):
-    if not isinstance(dtype, str):
-        return UNKNOWN
-    if dtype in ("fp16", "fp32", "fp64", "bf16"):
-        return float("-inf")
-    if dtype == "bool":
-        return 0
+def _filtered_body(body: TruthFunction, inner: Environment, scope: Environment | None) -> Truth:
+    """The body for an element a binding filter selected: in the filter's bindings; where the
+    filter was unknown it bound nothing, and a body needing its bindings is unknown too."""
+    if scope is not None:
+        return body(scope)
     try:
-        return int(np.iinfo(np.dtype(dtype)).min)
-    except TypeError:
-        return UNKNOWN
+        return body(inner)
+    except KeyError:
+        return MAYBE
 
 
-# bfloat16 has fp32's exponent and 8 bits of precision; numpy has no such type.
-_BF16_MAX = float.fromhex("0x1.fep127")
+# ---------------------------------------------------------------- quantifiers over a wide op's operands
+
+_CONSTANT = object()
 
 
-def _finite_range(dtype) -> tuple[int | float, int | float] | None:
-    """The most negative and the largest finite value of `dtype`, as Python numbers."""
-    if not isinstance(dtype, str):
+def _feature_rank(adapter, *arguments, **keywords):
+    return None if arguments or keywords else (("rank",), lambda value: _rank(adapter, value))
+
+
+def _feature_dim(adapter, *arguments, **keywords):
+    if len(arguments) != 1 or keywords:
         return None
-    if dtype == "bf16":
-        return -_BF16_MAX, _BF16_MAX
-    if dtype == "bool":
-        return 0, 1
-    kind = _NUMPY_TYPES.get(dtype)
-    if kind is None:
+    axis = arguments[0]
+    # Keyed by the axis's type too: True == 1 as a key, but `dim(x, true)` is unknown.
+    return ("dim", type(axis), axis), lambda value: _dim(adapter, value, axis)
+
+
+def _feature_aligned_dim(adapter, *arguments, **keywords):
+    if len(arguments) != 1 or set(keywords) != {"of"}:
         return None
-    if np.issubdtype(kind, np.floating):
-        info = np.finfo(kind)
-        return float(info.min), float(info.max)
-    info = np.iinfo(kind)
-    return int(info.min), int(info.max)
+    of = keywords["of"]
+    if of is ABSENT or of is UNKNOWN:
+        return _CONSTANT, UNKNOWN  # what the call gives for a missing value
+    if of is None or isinstance(of, (list, tuple, OperandsExcept)):
+        return None
+    offset = _aligned_offset(adapter, arguments[0], of)
+    if offset is None:
+        return _CONSTANT, UNKNOWN
+    # Only where the axis sits from the right matters: every anchor asking
+    # about that offset shares one summary.
+    return ("right_dim", offset), lambda value: _right_dim(adapter, value, offset)
 
 
-def _max_finite(adapter, dtype):
-    found = _finite_range(dtype)
-    return UNKNOWN if found is None else found[1]
+def _feature_of(name: str, function):
+    def feature(adapter, *arguments, **keywords):
+        if arguments or keywords:
+            return None
+        return (name,), lambda value: function(adapter, value)
+
+    return feature
 
 
-def _lowest_finite(adapter, dtype):
-    found = _finite_range(dtype)
-    return UNKNOWN if found is None else found[0]
-
-
-def _max_of(adapter, items):
-    flat = np.asarray(items, dtype=object).reshape(-1).tolist() if isinstance(items, list) else [items]
-    if not flat or not all(is_literal(v) for v in flat):
-        return UNKNOWN
-    if any(isinstance(v, float) and math.isnan(v) for v in flat):
-        return UNKNOWN
-    return max(flat)
-
-
-def _max_abs(adapter, items):
-    """The largest |element| of a value's constant (read as one array, however big), or of
-    a (nested) list or number; unknown with a NaN, an empty one, or no constant."""
-    if isinstance(items, (list, int, float)) and not isinstance(items, bool):
-        array = np.asarray(items, dtype=object).reshape(-1)
-        if array.size == 0 or not all(is_literal(v) for v in array.tolist()):
-            return UNKNOWN
-        array = array.astype(np.float64)
-    else:
-        if items is None or items is UNKNOWN or items is ABSENT or isinstance(items, (tuple, OperandsExcept)):
-            return UNKNOWN
-        constant = adapter.constant(items)
-        if constant is None:
-            return UNKNOWN
-        array = np.asarray(constant)
-        if array.size == 0 or array.dtype.kind not in "biuf":
-            return UNKNOWN
-    if array.dtype.kind == "f" and np.isnan(array).any():
-        return UNKNOWN
-    return np.abs(array).max().item()
-
-
-def _contains(adapter, items, item):
-    if not isinstance(items, (list, tuple)):
-        return Truth.UNKNOWN
-    result = Truth.NO
-    for element in items:
-        result = result | _equal(element, item)
-        if result is Truth.YES:
-            break
-    return result
-
-
-def _gather(adapter, items, indices):
-    if not isinstance(items, list) or not isinstance(indices, list):
-        return UNKNOWN
-    picked = []
-    for index in indices:
-        if not is_literal(index) or index != int(index) or not -len(items) <= int(index) < len(items):
-            return UNKNOWN
-        picked.append(items[int(index)])
-    return picked
-
-
-# dtype -> the dtypes that hold each of its values exactly.
-_EXACT_IN = {
-    "bool": {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-             "fp16", "bf16", "fp32", "fp64"},
-    "int8": {"int8", "int16", "int32", "int64", "fp16", "fp32", "fp64"},
-    "uint8": {"uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "fp16", "fp32", "fp64"},
-    "int16": {"int16", "int32", "int64", "fp32", "fp64"},
-    "uint16": {"uint16", "int32", "uint32", "int64", "uint64", "fp32", "fp64"},
-    "int32": {"int32", "int64", "fp64"},
-    "uint32": {"uint32", "int64", "uint64", "fp64"},
-    "int64": {"int64"},
-    "uint64": {"uint64"},
-    "fp16": {"fp16", "fp32", "fp64"},
-    "bf16": {"bf16", "fp32", "fp64"},
-    "fp32": {"fp32", "fp64"},
-    "fp64": {"fp64"},
+# builtin -> (adapter, the call's other arguments) -> (summary key, the feature of
+# an operand), or (_CONSTANT, the value every operand gets), or None (no
+# summary: loop). Only builtins that read a value's own type or producer,
+# which do not change during a run: a use count would.
+_FEATURES = {
+    "rank": _feature_rank,
+    "dim": _feature_dim,
+    "aligned_dim": _feature_aligned_dim,
+    "dtype": _feature_of("dtype", _dtype),
+    "is_const": _feature_of("is_const", _is_const),
+    "op_type": _feature_of("op_type", _op_type),
 }
 
 
-def _represents(adapter, wide, narrow):
-    if not isinstance(wide, str) or not isinstance(narrow, str):
-        return Truth.UNKNOWN
-    if narrow not in _EXACT_IN:
-        return Truth.UNKNOWN
-    return Truth.of(wide in _EXACT_IN[narrow])
+def _feature_call(expr, variable: str) -> bool:
+    """`f(x, ...)` of a summarized builtin, x the quantified variable (a name, or
+    a `%u` of every use), and nothing else reading x."""
+    return (
+        type(expr) is ast.Call
+        and expr.function in _FEATURES
+        and bool(expr.arguments)
+        and _names(expr.arguments[0], variable)
+        and not any(_mentions(argument, variable) for argument in expr.arguments[1:])
+        and not any(_mentions(argument, variable) for _, argument in expr.keywords)
+    )
 
 
-def _len(adapter, items):
-    return len(items) if isinstance(items, (list, tuple, OperandsExcept)) else UNKNOWN
+def _names(node, variable: str) -> bool:
+    kind = type(node)
+    return (kind is ast.NameRef and node.name == variable) or (kind is ast.ValueRef and node.var == variable)
 
 
-# The longest list `range` makes: a rule reads lists of axes or builds a table
-# of positions; one past this (a bound such as int32's maximum) is no list to hold.
-RANGE_LIMIT = 1 << 20
+def _mentions(expr, name: str) -> bool:
+    return any(_names(node, name) for node in ast.walk(expr))
 
 
-def _range(adapter, stop):
-    if not is_literal(stop) or stop != int(stop) or stop > RANGE_LIMIT:
-        return UNKNOWN
-    return list(range(int(stop)))
+_NOTHING = object()  # the operand a summary over uses leaves out: none
 
 
-def _abs(adapter, x):
-    return abs(x) if is_literal(x) else UNKNOWN
+
+def _comparison(operator: str, feature_left: bool):
+    """The compiled comparison's verdict, the feature on its side."""
+    if operator == "==":
+        return lambda feature, other: _equal(feature, other)
+    if operator == "!=":
+        return lambda feature, other: ~_equal(feature, other)
+    if feature_left:
+        return lambda feature, other: order(operator, feature, other)
+    return lambda feature, other: order(operator, other, feature)
 
 
-def _available(adapter, op_type):
-    check = getattr(adapter, "op_available", None)
-    if check is None or not isinstance(op_type, str):
-        return Truth.UNKNOWN
-    found = check(op_type)
-    return Truth.UNKNOWN if found is None else Truth.of(found)
+def _looked_up(value) -> bool:
+    """Whether `==` with `value` is YES exactly for the dictionary keys equal to it."""
+    kind = type(value)
+    if kind is int or kind is bool or kind is str or kind is Symbol:
+        return True
+    return kind is float and value == value
 
 
-def _every_row_any(adapter, items):
-    if not isinstance(items, list):
-        return Truth.UNKNOWN
-    rows = np.asarray(items, dtype=object)
-    if rows.ndim == 0 or rows.size == 0:
-        return Truth.UNKNOWN
-    return Truth.of(bool(rows.astype(bool).any(axis=-1).all()))
+def _tally(summary: Counts, excluded, total: int, rhs, operator: str, compare) -> tuple[int, int, int]:
+    """How many of the view's operands make the comparison yes, unknown and no."""
+    counts = summary.counts
+    if operator in ("==", "!=") and (rhs is UNKNOWN or _looked_up(rhs)):
+        if rhs is UNKNOWN:
+            yes, maybe, no = 0, total, 0  # equal to nothing known
+        else:
+            hit = counts.get(rhs, 0)
+            if hit and (excluded is rhs or excluded == rhs):
+                hit -= 1
+            if type(rhs) is Symbol:
+                yes, maybe, no = hit, total - hit, 0  # another symbol, a number, an unknown: unknown
+            else:
+                vague = summary.vague - (1 if type(excluded) is Symbol or excluded is UNKNOWN else 0)
+                yes, maybe, no = hit, vague, total - hit - vague
+        return (no, maybe, yes) if operator == "!=" else (yes, maybe, no)
+    # Any other comparison: once per distinct value of the feature.
+    yes = maybe = no = 0
+    skipped = False
+    for key, count in counts.items():
+        if not skipped and (key is excluded or key == excluded):
+            count -= 1
+            skipped = True
+        if count <= 0:
+            continue
+        truth = compare(key, rhs)
+        if truth is YES:
+            yes += count
+        elif truth is NO:
+            no += count
+        else:
+            maybe += count
+    return yes, maybe, no
 
 
-def _sqrt(adapter, x):
-    return math.sqrt(x) if is_literal(x) and x >= 0 else UNKNOWN
+def _verdict(forall: bool, yes: int, maybe: int, no: int) -> Truth:
+    """Kleene's `and` (forall) or `or` (exists) of that many yes, unknown and no."""
+    if forall:
+        return NO if no else (MAYBE if maybe else YES)
+    return YES if yes else (MAYBE if maybe else NO)
 
 
-def _mod(adapter, x, y):
-    if not (is_literal(x) and is_literal(y)) or y == 0:
-        return UNKNOWN
-    return x % y
+def lazy_rests(rules) -> frozenset[int]:
+    """The rest operands (by id of their pattern) that may bind a view of a wide op's operands.
 
-
-def _flat_numbers(items) -> list | None:
-    """The elements of a number or (nested) list, as Python numbers; None if any is not one."""
-    flat = np.asarray(items, dtype=object).reshape(-1).tolist() if isinstance(items, list) else [items]
-    if not all(is_literal(v) or isinstance(v, bool) for v in flat):
-        return None
-    return [float(v) for v in flat]
-
-
-def _all_of(items, test) -> Truth:
-    flat = _flat_numbers(items)
-    if flat is None or not flat:
-        return Truth.UNKNOWN
-    return Truth.of(all(test(v) for v in flat))
-
-
-def _is_nan(adapter, items):
-    return _all_of(items, math.isnan)
-
-
-def _is_inf(adapter, items):
-    return _all_of(items, math.isinf)
-
-
-def _is_finite(adapter, items):
-    return _all_of(items, math.isfinite)
-
-
-_FLOAT_TYPES = {"fp16": np.float16, "fp32": np.float32, "fp64": np.float64}
-
-
-def _close(adapter, x, y, abs=0.0, rel=0.0, ulps=0, dtype=None):  # noqa: A002 - the rule's own names
-    """|x - y| within the largest of the tolerances given (exactly equal when none is)."""
-    if not (is_literal(x) and is_literal(y)):
-        return Truth.UNKNOWN
-    tolerances = (abs, rel, ulps)
-    if not all(is_literal(t) and t >= 0 for t in tolerances):
-        return Truth.UNKNOWN
-    if math.isnan(x) or math.isnan(y):
-        return Truth.NO
-    if math.isinf(x) or math.isinf(y):
-        return Truth.of(x == y)
-    allowed = max(abs, rel * math.fabs(y))
-    if ulps:
-        kind = _FLOAT_TYPES.get(dtype) if isinstance(dtype, str) else None
-        if kind is None:
-            return Truth.UNKNOWN  # an ulp of no known float dtype
-        allowed = max(allowed, ulps * float(np.spacing(kind(math.fabs(y)))))
-    return Truth.of(math.fabs(x - y) <= allowed)
-
-
-def _as_dtype(adapter, items, dtype):
-    kind = _NUMPY_TYPES.get(dtype) if isinstance(dtype, str) else None
-    flat = _flat_numbers(items)
-    if kind is None or flat is None:
-        return UNKNOWN
-    return np.asarray(items, dtype=np.float64).astype(kind)
-
-
-def _uniform(adapter, value):
-    """The one number every element of `value` holds, read from a constant or a fill."""
-    constant = _constant(adapter, value)
-    if constant is not None:
-        flat = np.asarray(constant).reshape(-1)
-        if flat.size == 0 or flat.dtype.kind not in "biuf" or not (flat == flat[0]).all():
-            return UNKNOWN
-        return flat[0].item() if flat.dtype.kind != "b" else int(flat[0])
-    fill_value = getattr(adapter, "fill_value", None)
-    found = fill_value(value) if fill_value is not None else None
-    return UNKNOWN if found is None else found
-
-
-def _scaling_chain(adapter, value):
-    """Walk down constant scalings from `value`: (the value scaled, the product of factors).
-
-    Each step below the top must have no other use, so the chain can fold away.
+    Those of `where` patterns whose variable the rule binds once and reads
+    only as a quantifier's or comprehension's domain, or with `len`: what
+    reads a view as it reads the tuple. A rest the rewrite builds with, or
+    compares, or binds twice, keeps its tuple.
     """
-    scaling = getattr(adapter, "scaling", None)
-    count_uses = use_counter(adapter)
-    factor = 1.0
-    current = value
-    while scaling is not None:
-        op = adapter.producer(current)
-        step = scaling(op) if op is not None else None
-        if step is None:
-            break
-        if current is not value and (count_uses(current, 2) != 1 or adapter.is_block_output(current)):
-            break
-        current, by = step
-        factor *= by
-    return current, factor
+    found: set[int] = set()
+    for rule in rules:
+        rests: dict[str, list] = {}
+        binds: dict[str, int] = {}
+        for pattern in _patterns(rule):
+            for operand, node in _operands(pattern):
+                if type(node) is ast.Bind:
+                    binds[node.var] = binds.get(node.var, 0) + 1
+                    if operand.rest and node.producer is None:
+                        rests.setdefault(node.var, []).append(node)
+        if not rests:
+            continue
+        unsafe: set[str] = set()
+        for condition in rule.conditions:
+            _reads(condition.expr, unsafe, safe=False)
+        for action in rule.actions:
+            # A rewrite reads a rest after conditions are decided, once ops
+            # may be edited: it keeps its tuple, even as a domain.
+            _reads(action, unsafe, safe=False)
+            unsafe.update(node.var for node in ast.walk(action) if type(node) is ast.ValueRef)
+        for clause in rule.matches:
+            unsafe.add(clause.var)
+        for var, nodes in rests.items():
+            if binds.get(var) == 1 and var not in unsafe:
+                found.update(id(node) for node in nodes)
+    return frozenset(found)
 
 
-def _value_bounds(adapter, value) -> tuple:
-    """(least, greatest) element of an integer or bool value, each None where unproved.
-
-    The adapter's `value_bounds` follows producers; without one, only a
-    constant has bounds. Floats have none: a NaN element is below and above
-    every bound, and a proof that ignored it would let a rule fire on one.
-    """
-    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
-        return None, None
-    proved = getattr(adapter, "value_bounds", None)
-    if proved is not None:
-        return proved(value)
-    constant = adapter.constant(value)
-    if constant is None:
-        return None, None
-    array = np.asarray(constant)
-    if array.size == 0 or array.dtype.kind not in "biu":
-        return None, None
-    return int(array.min()), int(array.max())
+def _patterns(rule):
+    """Every op pattern of a rule: its match clauses' and those of its conditions."""
+    pending = [clause.pattern for clause in rule.matches]
+    pending += [node.pattern for condition in rule.conditions for node in ast.walk(condition.expr)
+                if type(node) is ast.Matches]
+    while pending:
+        pattern = pending.pop()
+        yield pattern
+        for operand in pattern.operands:
+            node = operand.pattern
+            inner = node if type(node) is ast.OpPattern else getattr(node, "producer", None)
+            if inner is not None:
+                pending.append(inner)
 
 
-def _lower_bound(adapter, value):
-    least = _value_bounds(adapter, value)[0]
-    return UNKNOWN if least is None else least
+def _operands(pattern: ast.OpPattern):
+    for operand in pattern.operands:
+        yield operand, operand.pattern
 
 
-def _upper_bound(adapter, value):
-    greatest = _value_bounds(adapter, value)[1]
-    return UNKNOWN if greatest is None else greatest
+def _reads(node, unsafe: set[str], safe: bool) -> None:
+    """Add to `unsafe` every variable `node` reads other than as a domain (or `len`'s argument)."""
+    kind = type(node)
+    if kind is ast.ValueRef:
+        if not safe:
+            unsafe.add(node.var)
+        return
+    if kind is ast.Quantifier or kind is ast.Comprehension:
+        _reads(node.domain, unsafe, safe=True)
+        for name in ("filter", "body", "item", "keep"):
+            if hasattr(node, name):
+                _reads(getattr(node, name), unsafe, safe=False)
+        return
+    if kind is ast.Call and node.function == "len" and len(node.arguments) == 1 and not node.keywords:
+        _reads(node.arguments[0], unsafe, safe=True)
+        return
+    if isinstance(node, tuple):
+        for item in node:
+            _reads(item, unsafe, safe=False)
+        return
+    if not hasattr(node, "__dataclass_fields__") or isinstance(node, (ast.Span, ast.OpPattern)):
+        return
+    for name in node.__dataclass_fields__:
+        item = getattr(node, name)
+        if name in ("var", "of", "target", "within") and isinstance(item, str) and kind is not ast.Bind:
+            unsafe.add(item)  # `is %v`, `every use of %v`, `%v -> ...`, `in %v`, a rebuild of %v
+        elif name != "span":
+            _reads(item, unsafe, safe=False)
 
 
-def _elements(adapter, value):
-    """The elements of an integer value, flattened, as proved for run time: a
-    constant's, or what a backend's shape-value analysis follows (`shape`,
-    slices, gathers, concats and arithmetic of dims: numbers and symbols)."""
-    if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
-        return UNKNOWN
-    follow = getattr(adapter, "shape_value", None)
-    items = follow(value) if follow is not None else None
-    if items is not None:
-        return list(items)
-    constant = adapter.constant(value)
-    if constant is None:
-        return UNKNOWN
-    array = np.asarray(constant)
-    if array.dtype.kind not in "biu":
-        return UNKNOWN
-    return [int(v) for v in array.reshape(-1)]
+def _fixed_call(builtin, adapter, arguments: list, positions: tuple, missing) -> ValueFunction:
+    """A builtin call of one to three positional arguments, unrolled: the
+    same checks as the general form without its lists and loops."""
+    checked = [position in positions for position in range(3)]
+    if len(arguments) == 1:
+        (first,) = arguments
+        check = checked[0]
+
+        def call1(env):
+            a = first(env)
+            if check and (a is ABSENT or a is UNKNOWN or a is None):
+                return missing
+            return builtin(adapter, a)
+
+        return call1
+    if len(arguments) == 2:
+        first, second = arguments
+        check_first, check_second = checked[0], checked[1]
+
+        def call2(env):
+            a, b = first(env), second(env)
+            if check_first and (a is ABSENT or a is UNKNOWN or a is None):
+                return missing
+            if check_second and (b is ABSENT or b is UNKNOWN or b is None):
+                return missing
+            return builtin(adapter, a, b)
+
+        return call2
+    if len(arguments) == 3:
+        first, second, third = arguments
+
+        def call3(env):
+            values = (first(env), second(env), third(env))
+            for position in positions:
+                if _missing(values[position]):
+                    return missing
+            return builtin(adapter, *values)
+
+        return call3
+
+    def call0(env):
+        return builtin(adapter)
+
+    return call0
 
 
-def _dim_source(adapter, dim):
-    find = getattr(adapter, "dim_source", None)
-    if find is None or not isinstance(dim, Symbol):
-        return None
-    return find(dim)
+def _fixed_keyword_call(builtin, adapter, arguments, positions, keyword, names, missing) -> ValueFunction:
+    """`f(a, b, name=c)`, unrolled like `_fixed_call`."""
+    first, second = arguments
+    check_first, check_second = 0 in positions, 1 in positions
+    name, third = keyword
+    check_third = name in names
+    # `aligned_dim(x, axis, of=%e)`: where the keyword is the builtin's next
+    # parameter it is passed as one, without a dict of keywords per call.
+    parameters = list(inspect.signature(builtin).parameters)
+    positional = len(parameters) >= 4 and parameters[3] == name
+
+    def call(env):
+        a, b, c = first(env), second(env), third(env)
+        if check_first and (a is ABSENT or a is UNKNOWN or a is None):
+            return missing
+        if check_second and (b is ABSENT or b is UNKNOWN or b is None):
+            return missing
+        if check_third and (c is ABSENT or c is UNKNOWN):  # None is a keyword's "not given"
+            return missing
+        if positional:
+            return builtin(adapter, a, b, c)
+        return builtin(adapter, a, b, **{name: c})
+
+    return call
 
 
-def _input_of_dim(adapter, dim):
-    source = _dim_source(adapter, dim)
-    return UNKNOWN if source is None else source[0]
-
-
-def _axis_of_dim(adapter, dim):
-    source = _dim_source(adapter, dim)
-    return UNKNOWN if source is None else source[1]
-
-
-def _unscaled(adapter, value):
-    return _scaling_chain(adapter, value)[0]
-
-
-def _scale_of(adapter, value):
-    return _scaling_chain(adapter, value)[1]
-
-
-_BUILTINS: dict[str, Callable] = {
-    "is_nan": _is_nan,
-    "is_inf": _is_inf,
-    "is_finite": _is_finite,
-    "close": _close,
-    "as_dtype": _as_dtype,
-    "uniform": _uniform,
-    "unscaled": _unscaled,
-    "scale_of": _scale_of,
-    "rank": _rank,
-    "dim": _dim,
-    "shape": _shape_list,
-    "axes": _axes,
-    "aligned_dim": _aligned_dim,
-    "is_const": _is_const,
-    "absent": _absent,
-    "const": _const,
-    "is_symbolic": _is_symbolic,
-    "is_known": _is_known,
-    "dtype": _dtype,
-    "use_count": _use_count,
-    "one_use": _one_use,
-    "block_output": _block_output,
-    "is_input": _is_input,
-    "same_block": _same_block,
-    "broadcasts": _broadcasts,
-    "op_type": _op_type,
-    "attribute": _attribute,
-    "contains": _contains,
-    "gather": _gather,
-    "lowest": _lowest,
-    "max_finite": _max_finite,
-    "lowest_finite": _lowest_finite,
-    "zero_of": _zero_of,
-    "max_of": _max_of,
-    "max_abs": _max_abs,
-    "normalized_axes": _normalized_axes,
-    "represents": _represents,
-    "len": _len,
-    "range": _range,
-    "abs": _abs,
-    "sqrt": _sqrt,
-    "every_row_any": _every_row_any,
-    "lower_bound": _lower_bound,
-    "upper_bound": _upper_bound,
-    "elements": _elements,
-    "input_of_dim": _input_of_dim,
-    "axis_of_dim": _axis_of_dim,
-    "available": _available,
-    "mod": _mod,
-}
+def _then(truth: Truth, rest: Conjunction, env: Environment) -> Verdict:
+    """`truth and rest`, evaluated on: a later *no* still decides after an unknown."""
+    if truth is YES:
+        return rest(env)
+    if truth is NO:
+        return NO, None
+    later, _ = rest(env)
+    return (NO if later is NO else MAYBE), None

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rewrite.engine.compiled import CompiledConditions, lazy_rests
-from rewrite.engine.conditions import Evaluator, Failure
+from rewrite.engine.conditions import Conditions, Failure, Tracer, lazy_rests
 from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
 from rewrite.engine.logic import Truth
@@ -169,12 +168,16 @@ class Driver:
         # Each anchor's decision starts the budget afresh; both matchers spend it.
         self.budget = Budget(match_budget)
         self.matcher = Matcher(adapter, budget=self.budget)
-        self.evaluator = Evaluator(adapter, self.matcher, predicates)
         # Summaries of the operands of wide ops (a Sum of thousands), shared by
         # every anchor that asks about one; kept only while `run` edits the graph.
         self.operand_table = OperandTable(adapter)
-        self.compiled = CompiledConditions(self.evaluator, self.operand_table, lazy_rests(rules))
-        self.rewriter = Rewriter(adapter, self.evaluator, self.operand_table)
+        # The rules' conditions, compiled once: as a run decides them, and the
+        # same closures with a tracer for `explain`, which reports why not.
+        self.conditions = Conditions(adapter, self.matcher, predicates, table=self.operand_table,
+                                     lazy_rests=lazy_rests(rules))
+        self.traced = Conditions(adapter, self.matcher, predicates, tracer=Tracer(),
+                                 use_verdicts=self.conditions.use_verdicts)
+        self.rewriter = Rewriter(adapter, self.conditions, self.operand_table)
         self.statistics = Statistics({rule.name: RuleStatistics(rule.name) for rule in rules})
         self._conditions = {rule.name: [c.expr for c in rule.conditions] for rule in rules}
         ordered = sorted(enumerate(rules), key=lambda item: (-item[1].benefit, item[0]))
@@ -233,12 +236,14 @@ class Driver:
                 if self.try_rule(rule, op):
                     fired.append(rule.name)
 
-    def decide(self, rule: ast.Rule, anchor: Op) -> Decision:
+    def decide(self, rule: ast.Rule, anchor: Op, traced: bool = False) -> Decision:
         """Whether `rule` fires on `anchor` as the graph is now; changes nothing.
 
-        A match that takes more attempts than the budget is no firing
-        (`Decision.exhausted`).
+        `traced`, the decision also says why not (`Decision.failure`): the
+        same compiled conditions a run decides with, told to report. A match
+        that takes more attempts than the budget is no firing (`Decision.exhausted`).
         """
+        conditions = self.traced if traced else self.conditions
         matched = False
         truth = Truth.NO
         failure = None
@@ -248,13 +253,11 @@ class Driver:
             for env in self.matcher.match_rule(rule, anchor):
                 budget.spend()
                 matched = True
-                # Explaining needs the interpreter's record of what failed; deciding does not.
-                holds = self.evaluator.holds if self.evaluator.explaining else self.compiled.holds
-                truth, final = holds(self._conditions[rule.name], env)
+                truth, final = conditions.holds(self._conditions[rule.name], env)
                 if final is not None:
                     return Decision(rule, anchor, True, Truth.YES, None, final)
                 if failure is None:
-                    failure = self.evaluator.failure
+                    failure = conditions.failure
         except MatchBudgetExceeded:
             return Decision(rule, anchor, matched, Truth.NO, None, None, exhausted=True)
         finally:
@@ -265,12 +268,7 @@ class Driver:
         """The bindings `rule` fires with on `anchor`, or None: what `decide` finds,
         without the record of why not, which only explaining reads. Raises
         `MatchBudgetExceeded` where `decide` says `exhausted`."""
-        if self.evaluator.explaining:
-            decision = self.decide(rule, anchor)
-            if decision.exhausted:
-                raise MatchBudgetExceeded(self.budget.limit)
-            return decision.env
-        holds = self.compiled.holds
+        holds = self.conditions.holds
         conditions = self._conditions[rule.name]
         budget = self.budget
         budget.start()
@@ -306,7 +304,7 @@ class Driver:
             except TypeChangedError as error:
                 raise UnsoundRewriteError(rule.name, str(error)) from None
             except RewriteRefused as refused:
-                remove_dead(self.adapter, refused.built, self.operand_table, self.evaluator.use_verdicts,
+                remove_dead(self.adapter, refused.built, self.operand_table, self.conditions.use_verdicts,
                             discarded=refused.built)
                 self.refusals.append((rule.name, anchor, refused.refusal))
                 if isinstance(refused.refusal, (Unevaluable, Unavailable)):
@@ -322,7 +320,7 @@ class Driver:
                     raise UnsoundRewriteError(rule.name, str(why)) from None
                 return False
             self.statistics.removed_ops += remove_dead(self.adapter, touched, self.operand_table,
-                                                       self.evaluator.use_verdicts)
+                                                       self.conditions.use_verdicts)
             statistics.fires += 1
             return True
         finally:

@@ -11,8 +11,10 @@ there and the values it saw:
 * a condition that does not hold: the innermost failing part, the use and
   axis being examined, the values compared, and for a dim that is unknown
   (`?`) the op whose shape inference lost it (`Adapter.unknown_dim_origin`);
-* a rewrite value that cannot be evaluated, or a rewrite the shape guard
-  refuses: what, and why; the rule does not fire;
+* a rewrite value that cannot be evaluated, an op to build that the
+  program's target lacks, or a rewrite the shape guard refuses: what, and
+  why; the rule does not fire (the rewriter's own `preflight`, which a run
+  refuses for too);
 * a match that took more structural attempts than the match budget allows
   (`in any order` over many operands): the rule is skipped at that anchor.
 
@@ -28,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine import builtins
+from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import Driver
-from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import Mismatch
-from rewrite.engine.rewriter import Unevaluable, find_unevaluable, subexpressions
+from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.loader import UnreadableRules, read_rules_text
@@ -43,6 +45,7 @@ PATTERN = "pattern does not match"
 GUARD = "the shape guard refuses the rewrite"
 UNEVALUABLE = "a rewrite value cannot be evaluated"
 BUDGET = "the match budget is exhausted"
+UNAVAILABLE = "an op the rewrite builds is not available"
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Explanation:
     anchor: str
     fired: bool
     location: str  # file:line of the failing condition (or of the rule)
-    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE, GUARD or BUDGET
+    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE, UNAVAILABLE, GUARD or BUDGET
     reason: str
     condition: str = ""  # the `where` clause (the `match` clause, the operand built), as written
     failed: str = ""  # the innermost failing part, as written
@@ -190,7 +193,6 @@ def explain(
     read to quote from.
     """
     driver = Driver(rules, adapter, predicates)
-    driver.evaluator.explaining = True
     explainer = _Explainer(driver, _Sources())
     explanations = []
     for rule in rules:
@@ -200,7 +202,7 @@ def explain(
             name = adapter.op_name(anchor)
             if op_name is not None and name != op_name:
                 continue
-            explanations.append(explainer.explain(driver.decide(rule, anchor), name))
+            explanations.append(explainer.explain(driver.decide(rule, anchor, traced=True), name))
     return explanations
 
 
@@ -210,7 +212,7 @@ class _Explainer:
     def __init__(self, driver: Driver, sources: _Sources):
         self.driver = driver
         self.adapter = driver.adapter
-        self.evaluator: Evaluator = driver.evaluator
+        self.conditions: Conditions = driver.traced
         self.sources = sources
 
     def explain(self, decision, anchor_name: str) -> Explanation:
@@ -229,10 +231,17 @@ class _Explainer:
     # ---------------------------------------------------------------- fired, or not quite
 
     def _would_fire(self, rule: ast.Rule, env: dict, anchor_name: str) -> Explanation:
-        unevaluable = _unevaluable(rule, env, self.evaluator)
-        if unevaluable is not None:
-            return self._unevaluable(rule, unevaluable, env, anchor_name)
-        refusal = _guard_refusal(rule, env, self.adapter)
+        refusal = self.driver.rewriter.preflight(rule, env)
+        if isinstance(refusal, Unevaluable):
+            return self._unevaluable(rule, refusal, env, anchor_name)
+        if isinstance(refusal, Unavailable):
+            return Explanation(
+                rule.name, anchor_name, False, f"{refusal.span.file}:{refusal.span.line}", UNAVAILABLE,
+                failed=refusal.op_type, truth="no",
+                note=f"the rewrite builds '{refusal.op_type}', which the program's target does not have "
+                     "(an ONNX opset before the op, a Core ML deployment target before it); say "
+                     f"available(\"{refusal.op_type}\") among the conditions, or convert the model first",
+            )
         if refusal is not None:
             return Explanation(
                 rule.name, anchor_name, False, str(rule.span), GUARD,
@@ -246,9 +255,9 @@ class _Explainer:
         expression = found.expression
         # What the part without a value was computed from: where the why shows (NaNs, a symbol).
         values = []
-        for part in subexpressions(self.evaluator, expression, env):
+        for part in subexpressions(self.conditions, expression, env):
             try:
-                value = self.evaluator.value(part, env)
+                value = self.conditions.value(part, env)
             except (KeyError, TypeError, ValueError, ArithmeticError):
                 continue
             values.append(f"{text(part.span)} = {_describe_with_constant(value, adapter)}")
@@ -257,7 +266,7 @@ class _Explainer:
         return Explanation(
             rule.name, anchor_name, False, f"{span.file}:{span.line}", UNEVALUABLE,
             condition=f"{argument.name}={text(argument.value.span)}", failed=text(span), truth="unknown",
-            values=tuple(values), note=f"{text(span) or 'it'} {_why_no_value(found, env, self.evaluator, adapter)}",
+            values=tuple(values), note=f"{text(span) or 'it'} {_why_no_value(found, env, self.conditions, adapter)}",
         )
 
     def _exhausted(self, rule: ast.Rule, anchor_name: str) -> Explanation:
@@ -338,11 +347,11 @@ class _Explainer:
 
     def _unknown_dims(self, expr, env: dict):
         """(value, axis) of every `dim`, `aligned_dim` and `shape` read in `expr` that gave `?`."""
-        adapter, evaluator = self.adapter, self.evaluator
+        adapter, conditions = self.adapter, self.conditions
         for call in _calls(expr, ("dim", "aligned_dim", "shape")):
             try:
-                result = evaluator.value(call, env)
-                value = evaluator.value(call.arguments[0], env)
+                result = conditions.value(call, env)
+                value = conditions.value(call.arguments[0], env)
                 shape = adapter.shape(value)
             except Exception:  # a part bound only inside expr (a comprehension's), or no graph value
                 continue
@@ -355,10 +364,10 @@ class _Explainer:
             if result is not UNKNOWN:
                 continue
             try:
-                axis = evaluator.value(call.arguments[1], env)
+                axis = conditions.value(call.arguments[1], env)
                 if call.function == "aligned_dim":
                     of = dict(call.keywords).get("of")
-                    reference = adapter.shape(evaluator.value(of, env)) if of is not None else None
+                    reference = adapter.shape(conditions.value(of, env)) if of is not None else None
                     if reference is None:
                         continue
                     axis = int(axis) % len(reference) - len(reference) + len(shape)
@@ -394,6 +403,9 @@ def format_text(explanations: Sequence[Explanation]) -> str:
         if item.reason == GUARD:
             lines.append(f"  the conditions hold, but the shape guard refuses: {item.failed}")
             continue
+        if item.reason == UNAVAILABLE:
+            lines.append(f"  the conditions hold, but the rewrite cannot be built: {item.note}")
+            continue
         if item.reason == UNEVALUABLE:
             lines.append("  the conditions hold, but a rewrite value cannot be evaluated; the rule does not fire")
             lines.append(f"  in: {item.condition}")
@@ -411,35 +423,6 @@ def format_text(explanations: Sequence[Explanation]) -> str:
             lines.append(f"  saw: {'; '.join(item.values)}")
         lines.extend(f"  unknown: {origin}" for origin in item.origins)
     return "\n".join(lines)
-
-
-def _unevaluable(rule: ast.Rule, env: dict, evaluator: Evaluator) -> Unevaluable | None:
-    """The first operand the rule would build with that has no value.
-
-    Operands that read an op the rule builds first cannot be evaluated
-    without building it, which explain must not do; they are left out.
-    """
-    built: set[str] = set()
-    for action in rule.actions:
-        build = action.build if isinstance(action, ast.BuildAction) else action.replacement
-        if isinstance(build, (ast.OpBuild, ast.Rebuild)):
-            ready = [a for a in build.arguments if not (_references(a.value) & built)]
-            found = find_unevaluable(evaluator, ready, env)
-            if found is not None:
-                return found
-        if isinstance(action, ast.BuildAction):
-            built.add(action.var)
-    return None
-
-
-def _references(expr) -> set[str]:
-    """The `%v` an expression reads."""
-    if isinstance(expr, ast.ValueRef):
-        return {expr.var}
-    found: set[str] = set()
-    for part in _nodes(expr):
-        found |= _references(part)
-    return found
 
 
 def _calls(expr, functions: tuple[str, ...]):
@@ -468,14 +451,14 @@ def _nodes(expr) -> list:
     return found
 
 
-def _why_no_value(found: Unevaluable, env: dict, evaluator: Evaluator, adapter: Adapter) -> str:
+def _why_no_value(found: Unevaluable, env: dict, conditions: Conditions, adapter: Adapter) -> str:
     """Why the part of a rewrite value has none, in the rule author's terms."""
     expression, value = found.expression, found.value
     if isinstance(value, Symbol):
         return f"is the symbolic dim {value.name}: a size known only at run time, not a number to build with"
     if isinstance(expression, ast.Call) and expression.function == "uniform" and expression.arguments:
         try:
-            constant = adapter.constant(evaluator.value(expression.arguments[0], env))
+            constant = adapter.constant(conditions.value(expression.arguments[0], env))
         except Exception:  # no graph value, or an unreadable tensor
             constant = None
         if constant is not None:
@@ -487,6 +470,8 @@ def _why_no_value(found: Unevaluable, env: dict, evaluator: Evaluator, adapter: 
             return "is unknown: the constant's elements are not all one number"
         return "is unknown: the value is neither a constant nor a fill of one number"
     if value is UNKNOWN or value is Truth.UNKNOWN:
+        if isinstance(expression, ast.Call) and expression.function in builtins.REGISTRY:
+            return f"is unknown: {builtins.REGISTRY[expression.function].unknown}"
         return "is unknown: what it reads is not known at compile time"
     return found.reason.removeprefix("it ")
 
@@ -510,23 +495,3 @@ def _describe_with_constant(value: Any, adapter: Adapter) -> str:
     if array.size > 8:
         return f"{text}, a constant"
     return f"{text} = {np.array2string(array.reshape(-1), separator=', ')}"
-
-
-def _guard_refusal(rule: ast.Rule, env: dict, adapter: Adapter) -> Refusal | None:
-    """What the shape guard would refuse of the rule's replacements by bound values.
-
-    Replacements by ops the rule would build are guarded when it runs; asking
-    here would mean building them in a model that explain must not change.
-    """
-    guard = ShapeGuard(adapter)
-    for action in rule.actions:
-        if not isinstance(action, ast.ReplaceAction) or not isinstance(action.replacement, ast.ValueRef):
-            continue
-        old, new = env.get(action.target), env.get(action.replacement.var)
-        if old is None or new is None:
-            continue
-        within = None if action.within is None else [adapter.producer(env[action.within])]
-        refusal = guard.check(old, new, within)
-        if refusal is not None:
-            return refusal
-    return None

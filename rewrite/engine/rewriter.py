@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from rewrite.engine.conditions import Evaluator, UseVerdicts
+from rewrite.engine.conditions import Conditions, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Op, Value, uses_checker
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
@@ -113,26 +113,26 @@ def why_no_value(value: Any) -> str | None:
     return None
 
 
-def find_unevaluable(evaluator: Evaluator, arguments: Sequence[ast.Argument], env: Environment) -> Unevaluable | None:
+def find_unevaluable(conditions: Conditions, arguments: Sequence[ast.Argument], env: Environment) -> Unevaluable | None:
     """The first of `arguments` that has no value to build with, narrowed to the
     innermost part of it that has none; None when every one has a value."""
     for argument in arguments:
-        value = evaluate_argument(evaluator, argument.value, env)
+        value = evaluate_argument(conditions, argument.value, env)
         reason = why_no_value(value)
         if reason is not None:
-            expression, value = _innermost(evaluator, argument.value, value, env)
+            expression, value = _innermost(conditions, argument.value, value, env)
             return Unevaluable(argument, expression, value, why_no_value(value) or reason)
     return None
 
 
-def evaluate_argument(evaluator: Evaluator, expr, env: Environment) -> Any:
+def evaluate_argument(conditions: Conditions, expr, env: Environment) -> Any:
     """The value of an operand of an op being built (a tuple for a variadic one)."""
     if isinstance(expr, ast.TupleExpr):
-        return tuple(_as_bool(evaluator.value(item, env)) for item in expr.items)
+        return tuple(_as_bool(conditions.value(item, env)) for item in expr.items)
     if isinstance(expr, ast.TupleComprehension):
-        items = evaluator.value(expr.comprehension, env)
+        items = conditions.value(expr.comprehension, env)
         return UNKNOWN if items is UNKNOWN else tuple(_as_bool(item) for item in items)
-    return _as_bool(evaluator.value(expr, env))
+    return _as_bool(conditions.value(expr, env))
 
 
 def _as_bool(value: Any) -> Any:
@@ -145,12 +145,12 @@ def _as_bool(value: Any) -> Any:
     return value
 
 
-def _innermost(evaluator: Evaluator, expr, value, env: Environment) -> tuple[Any, Any]:
+def _innermost(conditions: Conditions, expr, value, env: Environment) -> tuple[Any, Any]:
     """Follow the parts without a value down to one whose own parts all have one."""
     while True:
-        for part in subexpressions(evaluator, expr, env):
+        for part in subexpressions(conditions, expr, env):
             try:
-                part_value = evaluate_argument(evaluator, part, env)
+                part_value = evaluate_argument(conditions, part, env)
             except (KeyError, TypeError, ValueError, ArithmeticError):
                 continue  # a part that reads a variable bound inside expr (a comprehension's)
             if why_no_value(part_value) is not None:
@@ -160,11 +160,11 @@ def _innermost(evaluator: Evaluator, expr, value, env: Environment) -> tuple[Any
             return expr, value
 
 
-def subexpressions(evaluator: Evaluator, expr, env: Environment) -> list:
+def subexpressions(conditions: Conditions, expr, env: Environment) -> list:
     """The subexpressions `expr`'s value is computed from (of a conditional, the branch taken)."""
     if isinstance(expr, ast.Conditional):
         # Only the branch taken made the value.
-        taken = expr.then if evaluator.truth(expr.condition, env) is Truth.YES else expr.otherwise
+        taken = expr.then if conditions.truth(expr.condition, env) is Truth.YES else expr.otherwise
         return [taken]
     parts = []
     for field in fields(expr):
@@ -172,6 +172,21 @@ def subexpressions(evaluator: Evaluator, expr, env: Environment) -> list:
             continue
         _collect(getattr(expr, field.name), parts)
     return parts
+
+
+def _references(expr) -> set[str]:
+    """The `%v` an expression reads."""
+    if isinstance(expr, ast.ValueRef):
+        return {expr.var}
+    found: set[str] = set()
+    parts: list = []
+    if is_dataclass(expr):
+        for field in fields(expr):
+            if field.name != "span":
+                _collect(getattr(expr, field.name), parts)
+    for part in parts:
+        found |= _references(part)
+    return found
 
 
 def _collect(item, parts: list) -> None:
@@ -192,13 +207,13 @@ class Rewriter:
     constant holding NaN): that rewrite does not happen either.
     """
 
-    def __init__(self, adapter: Adapter, evaluator: Evaluator, table: OperandTable | None = None):
+    def __init__(self, adapter: Adapter, conditions: Conditions, table: OperandTable | None = None):
         self.adapter = adapter
-        self.evaluator = evaluator
+        self.conditions = conditions
         # The records of wide ops, told of every edit before it is made; and
         # the summaries of values' uses, told before and after.
         self.table = table
-        self.uses = evaluator.use_verdicts
+        self.uses = conditions.use_verdicts
         self.guard = ShapeGuard(adapter, table)
         self._serial = itertools.count()
         self._op_available = getattr(adapter, "op_available", None)
@@ -226,6 +241,40 @@ class Rewriter:
             if refusal is not None:
                 raise RewriteRefused(refusal, built)
         return self._replace(replacements, anchor, built)
+
+    def preflight(self, rule: ast.Rule, env: Environment) -> Refusal | Unevaluable | Unavailable | None:
+        """What would stop `rule`'s rewrite in `env`, as far as it can be told without building:
+        an op the target lacks, an operand with no value (of the ops built from bound values
+        alone), or a replacement by a bound value the shape guard refuses. `apply` refuses
+        for each of these reasons too (and for what only building shows); `explain` asks
+        this, so that what it says is what a run does.
+        """
+        missing = self._unavailable(rule)
+        if missing is not None:
+            return missing
+        built: set[str] = set()
+        for action in rule.actions:
+            build = action.build if isinstance(action, ast.BuildAction) else action.replacement
+            if isinstance(build, (ast.OpBuild, ast.Rebuild)):
+                # Operands that read an op the rule builds first cannot be told without building it.
+                ready = [a for a in build.arguments if not (_references(a.value) & built)]
+                found = find_unevaluable(self.conditions, ready, env)
+                if found is not None:
+                    return found
+            if isinstance(action, ast.BuildAction):
+                built.add(action.var)
+        adapter = self.adapter
+        for action in rule.actions:
+            if not isinstance(action, ast.ReplaceAction) or not isinstance(action.replacement, ast.ValueRef):
+                continue
+            old, new = env.get(action.target), env.get(action.replacement.var)
+            if old is None or new is None:
+                continue
+            within = None if action.within is None else [adapter.producer(env[action.within])]
+            refusal = self.guard.check(old, new, within)
+            if refusal is not None:
+                return refusal
+        return None
 
     def _unavailable(self, rule: ast.Rule) -> Unavailable | None:
         """The first op `rule` builds that the program's target provably lacks."""
@@ -262,7 +311,7 @@ class Rewriter:
             if isinstance(replacement, ast.ValueRef):
                 new = env[replacement.var]
             elif isinstance(replacement, ast.Index):  # `%old -> %items[i]`: one of a bound tuple
-                new = self.evaluator.value(replacement, env)
+                new = self.conditions.value(replacement, env)
                 reason = why_no_value(new)
                 if reason is None and isinstance(new, (bool, int, float, str, list, tuple, Truth)):
                     reason = "it is a constant, not a value of the graph"
@@ -311,12 +360,12 @@ class Rewriter:
         return f"{rule.name}_{next(self._serial)}"
 
     def _arguments(self, arguments: Sequence[ast.Argument], env: Environment) -> dict:
-        evaluator = self.evaluator
-        operands = {a.name: evaluate_argument(evaluator, a.value, env) for a in arguments}
+        conditions = self.conditions
+        operands = {a.name: evaluate_argument(conditions, a.value, env) for a in arguments}
         for value in operands.values():
             if why_no_value(value) is not None:
                 # Found again, narrowed, only on this rare path.
-                raise _NoValue(find_unevaluable(evaluator, arguments, env))
+                raise _NoValue(find_unevaluable(conditions, arguments, env))
         return operands
 
     def _build(self, rule, build: ast.OpBuild, env, anchor):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from rewrite.api import RuleSet
-from rewrite.engine.compiled import CompiledConditions
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Conditions, Tracer
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from rewrite.language.errors import RuleError
@@ -38,15 +37,14 @@ def _graph(a: float, b: float, dtype: str = "fp16") -> Graph:
 
 
 def _verdict(write_rules, graph: Graph, condition: str) -> Truth:
-    """The condition on `graph`'s last mul, interpreted and compiled (which must agree)."""
+    """The condition on `graph`'s last mul, decided untraced and traced (which must agree)."""
     (rule,) = load_toy_rules(write_rules(FOLD.format(guard=f"where {condition}"))).rules
     adapter = ToyAdapter(graph)
     matcher = Matcher(adapter)
     (env,) = list(matcher.match_rule(rule, graph.main.ops[-1]))
-    evaluator = Evaluator(adapter, matcher, {})
     conditions = [c.expr for c in rule.conditions]
-    truth, _ = evaluator.holds(conditions, env)
-    assert CompiledConditions(evaluator).holds(conditions, env)[0] is truth
+    truth, _ = Conditions(adapter, matcher, {}).holds(conditions, env)
+    assert Conditions(adapter, matcher, {}, tracer=Tracer()).holds(conditions, env)[0] is truth
     return truth
 
 

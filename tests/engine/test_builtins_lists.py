@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rewrite.engine.conditions import RANGE_LIMIT, _range
+from rewrite.engine.builtins import RANGE_LIMIT, _range
 from rewrite.engine.logic import UNKNOWN, Truth
 from rewrite.engine.rewriter import _as_bool
 
@@ -37,7 +37,7 @@ class _Constants:
 def test_max_abs_reads_a_constant_as_one_array_however_large():
     import numpy as np
 
-    from rewrite.engine.conditions import _max_abs
+    from rewrite.engine.builtins import _max_abs
 
     big = np.zeros(RANGE_LIMIT * 3, np.float32)  # past what `range` would index
     big[-1] = -7.5

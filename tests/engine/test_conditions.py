@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rewrite.engine.compiled import CompiledConditions
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Conditions, Tracer
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from tests.engine.toy_ir import Graph, ToyAdapter, load_toy_rules
@@ -139,11 +138,10 @@ def _verdict(write_rules, graph, where_clauses: str):
     anchor = next(op for op in graph.main.ops if op.type == "add")
     (env,) = list(matcher.match_rule(rule, anchor))
     conditions = [c.expr for c in rule.conditions]
-    evaluator = Evaluator(adapter, matcher, {})
-    interpreted = evaluator.holds(conditions, env)
-    # The driver's compiled conditions must give the very same verdict and bindings.
-    assert CompiledConditions(evaluator).holds(conditions, env) == interpreted
-    return interpreted
+    decided = Conditions(adapter, matcher, {}).holds(conditions, env)
+    # Traced (explain's), the same closures must give the very same verdict and bindings.
+    assert Conditions(adapter, matcher, {}, tracer=Tracer()).holds(conditions, env) == decided
+    return decided
 
 
 @pytest.mark.parametrize("condition, expected", CASES, ids=[c for c, _ in CASES])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rewrite.engine.conditions import Evaluator
+from rewrite.engine.conditions import Conditions
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import ABSENT, Matcher
 from rewrite.engine.rewriter import find_unevaluable, why_no_value
@@ -111,7 +111,7 @@ def test_the_innermost_part_without_a_value_is_named(write_rules):
     adapter = ToyAdapter(graph)
     mul = graph.main.ops[-1]
     env = {"%m": mul.outputs[0], "%x": mul.inputs["x"], "%c": mul.inputs["y"]}
-    found = find_unevaluable(Evaluator(adapter, Matcher(adapter), {}), rule.actions[0].replacement.arguments, env)
+    found = find_unevaluable(Conditions(adapter, Matcher(adapter), {}), rule.actions[0].replacement.arguments, env)
     assert found.argument.name == "y"
     assert type(found.expression).__name__ == "Call" and found.expression.function == "uniform"
     assert found.value is UNKNOWN and found.reason == "it is unknown"

@@ -17,7 +17,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 import rewrite
 from rewrite.backends.mil import MilAdapter, ct, mb
 from rewrite.backends.mil.reference import evaluate
-from rewrite.engine.conditions import _one_use, _use_count
+from rewrite.engine.builtins import _one_use, _use_count
 from rewrite.engine.logic import Truth
 
 HIDDEN = 8

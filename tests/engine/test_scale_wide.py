@@ -27,8 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter
 from rewrite.backends.onnx import adapter as onnx_adapter
-from rewrite.engine.compiled import lazy_rests
-from rewrite.engine.conditions import _one_use, _use_count
+from rewrite.engine.builtins import _one_use, _use_count
+from rewrite.engine.conditions import lazy_rests
 from rewrite.engine.driver import Driver
 from rewrite.engine.guard import ShapeGuard
 from rewrite.engine.logic import Truth
@@ -270,9 +270,7 @@ def test_summarized_quantifiers_agree_with_the_loop(write_rules, quantifier, unk
     (rule,) = rules
     anchors = [node for node in adapter.main.nodes if node.type == "Expand"]
     looped = [driver.decide(rule, anchor).truth for anchor in anchors]
-    driver.evaluator.explaining = True
-    interpreted = [driver.decide(rule, anchor).truth for anchor in anchors]
-    driver.evaluator.explaining = False
+    traced = [driver.decide(rule, anchor, traced=True).truth for anchor in anchors]
     driver.operand_table.start()
     try:
         summarized = [driver.decide(rule, anchor).truth for anchor in anchors]
@@ -281,7 +279,7 @@ def test_summarized_quantifiers_agree_with_the_loop(write_rules, quantifier, unk
         assert record is not None  # the Sum is wide: it has one
     finally:
         driver.operand_table.stop()
-    assert summarized == looped == interpreted
+    assert summarized == looped == traced
 
 
 def test_only_a_rest_read_as_a_domain_binds_a_view(write_rules):
