@@ -3,8 +3,10 @@
 Parsing is lark's LALR(1); the `Transformer` below turns its tree into the
 frozen dataclasses of `rewrite.language.ast`. Text that parses goes through
 `fast_parser` instead, which builds the same AST many times faster; lark
-parses only what that one does not take. Syntax errors become a
-`RuleError` with `file:line:col`, the line, a caret and what was expected.
+parses only the items that one does not take. Syntax errors become a
+`RuleError` with `file:line:col`, the line, a caret and what was expected:
+every error of the file (up to `MAX_REPORTED_ERRORS`), since the parse
+recovers at the next item after each (`_parse_recovering`).
 """
 
 from __future__ import annotations
