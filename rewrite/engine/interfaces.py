@@ -129,6 +129,11 @@ class Adapter(Protocol):
     def attribute(self, op: Op, name: str) -> Any:
         """The value of attribute `name` of `op` (a Python value), or None."""
 
+    def attribute_default(self, op: Op, name: str) -> Any:
+        """Optional. The value `op`'s schema gives attribute `name` where `op`
+        does not set it, at the program's opset; None if it gives none. The
+        builtin `attribute` falls back on it."""
+
     # ---- values
 
     def producer(self, value: Value) -> Op | None:
