@@ -247,25 +247,26 @@ NOT_CAPPED_FIRST = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CAPPED))
-def test_too_many_conditions_are_refused_alike_by_both_parsers(case):
-    text = CAPPED[case]
+def _refused_alike(text: str) -> RuleError:
+    """The errors of `text`, which both ways of parsing report alike."""
     assert outcome(text) == "both refuse"
     with pytest.raises(RuleError) as raised:
         parser._parse(text, "t.rules")
-    (diagnostic,) = raised.value.diagnostics
+    return raised.value
+
+
+@pytest.mark.parametrize("case", sorted(CAPPED))
+def test_too_many_conditions_are_refused_alike_by_both_parsers(case):
+    refusal = _refused_alike(CAPPED[case])
+    (diagnostic,) = refusal.diagnostics
     assert diagnostic.message.startswith(f"more than {_CAP} conditions in one rule")
     assert f"expected at most {_CAP}" in diagnostic.message
-    assert raised.value.render().splitlines()[0].startswith(f"t.rules:{diagnostic.span.line}:{diagnostic.span.column}:")
+    assert refusal.render().splitlines()[0].startswith(f"t.rules:{diagnostic.span.line}:{diagnostic.span.column}:")
 
 
 @pytest.mark.parametrize("case", sorted(NOT_CAPPED_FIRST))
 def test_a_syntax_error_right_after_the_clause_past_the_cap_is_reported_instead(case):
-    text = NOT_CAPPED_FIRST[case]
-    assert outcome(text) == "both refuse"
-    with pytest.raises(RuleError) as raised:
-        parser._parse(text, "t.rules")
-    assert "unexpected" in raised.value.diagnostics[0].message
+    assert "unexpected" in _refused_alike(NOT_CAPPED_FIRST[case]).diagnostics[0].message
 
 
 def test_the_cap_is_found_while_parsing_not_after(monkeypatch):
@@ -325,56 +326,56 @@ MULTIPLE_ERRORS = {
 
 @pytest.mark.parametrize("case", sorted(MULTIPLE_ERRORS))
 def test_several_errors_are_reported_alike_by_both_parsers(case):
-    text = MULTIPLE_ERRORS[case]
-    assert outcome(text) == "both refuse"
-    with pytest.raises(RuleError) as raised:
-        parser._parse(text, "t.rules")
-    assert len(raised.value.diagnostics) >= 2, raised.value.render()
-    lines = [d.span.line for d in raised.value.diagnostics]
+    refusal = _refused_alike(MULTIPLE_ERRORS[case])
+    assert len(refusal.diagnostics) >= 2, refusal.render()
+    lines = [d.span.line for d in refusal.diagnostics]
     assert lines == sorted(lines)  # in the order of the text
+
+
+def _stretches_read_by_lark(monkeypatch) -> list[list[str]]:
+    """From now on, the lines (blank ones left out) of every stretch lark is asked to parse."""
+    read = []
+    real = parser.grammar_parser()
+
+    class Recording:
+        def parse(self, stretch):
+            read.append([line for line in stretch.split("\n") if line])
+            return real.parse(stretch)
+
+        def __getattr__(self, name):  # the rest of lark's parser (its terminals, to word errors)
+            return getattr(real, name)
+
+    monkeypatch.setattr(parser, "grammar_parser", lambda: Recording())
+    return read
+
+
+def _rules_file(count: int, rule: str, odd_one: int, odd: str) -> str:
+    rules = [rule.format(i) for i in range(count)]
+    rules[odd_one] = odd
+    return "dialect mil\n" + "".join(rules)
 
 
 def test_the_fast_parser_gives_lark_only_the_stretch_it_stopped_in(monkeypatch):
     """200 rules with one broken in the middle: lark reads that rule's lines, not the file."""
-    good = 'rule r{} "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> %x\n'
-    rules = [good.format(i) for i in range(200)]
-    rules[100] = 'rule broken "d"\n  match %t = tile(x=%x reps=%r)\n  rewrite %t -> %x\n'
-    text = "dialect mil\n" + "".join(rules)
-    read = []
-    real = parser.grammar_parser()
-
-    class Counting:
-        def parse(self, stretch):
-            read.append(len([line for line in stretch.split("\n") if line]))
-            return real.parse(stretch)
-
-    monkeypatch.setattr(parser, "grammar_parser", lambda: Counting())
+    text = _rules_file(200, 'rule r{} "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> %x\n', 100,
+                       'rule broken "d"\n  match %t = tile(x=%x reps=%r)\n  rewrite %t -> %x\n')
+    read = _stretches_read_by_lark(monkeypatch)
     with pytest.raises(RuleError) as raised:
         parser._parse(text, "t.rules")
     (diagnostic,) = raised.value.diagnostics
     assert diagnostic.span.line == 2 + 3 * 100 + 1
-    assert read == [3]  # the broken rule's three lines, up to the next rule
+    assert [len(lines) for lines in read] == [3]  # the broken rule's three lines, up to the next rule
 
 
 def test_a_file_left_to_lark_in_one_place_is_read_fast_around_it(monkeypatch):
     """A construct only lark takes (its lexer splits `is_const`) in one rule of 50:
     lark parses that rule alone, and the AST is lark's whole-file one."""
-    good = 'rule r{} "d"\n  match %a = op(x=%x)\n  rewrite %a -> %x\n'
-    rules = [good.format(i) for i in range(50)]
-    rules[20] = 'rule odd "d"\n  match %a = op(x=%x)\n  where is_const(%x) is_const(%x)\n  rewrite %a -> %x\n'
-    text = "dialect mil\n" + "".join(rules)
-    read = []
-    real = parser.grammar_parser()
-
-    class Counting:
-        def parse(self, stretch):
-            read.append(stretch)
-            return real.parse(stretch)
-
+    text = _rules_file(50, 'rule r{} "d"\n  match %a = op(x=%x)\n  rewrite %a -> %x\n', 20,
+                       'rule odd "d"\n  match %a = op(x=%x)\n  where is_const(%x) is_const(%x)\n  rewrite %a -> %x\n')
     assert outcome(text) == "left to lark"
-    monkeypatch.setattr(parser, "grammar_parser", lambda: Counting())
+    read = _stretches_read_by_lark(monkeypatch)
     parsed = parser._parse(text, "t.rules")
-    assert len(read) == 1 and [line for line in read[0].split("\n") if line][0] == 'rule odd "d"'
+    assert len(read) == 1 and read[0][0] == 'rule odd "d"'
     monkeypatch.undo()
     assert difference(lark_parse(text), parsed) is None and len(parsed.rules) == 50
 
