@@ -27,7 +27,15 @@ from onnx import helper, numpy_helper
 
 from rewrite.backends.onnx import files as onnx_files
 from rewrite.backends.onnx import shapes as onnx_shapes
-from rewrite.engine.interfaces import InputSpec, ModelError, OpSignature, follow_unknown_dim
+from rewrite.engine.interfaces import (
+    InputSpec,
+    ModelError,
+    OperandRejected,
+    OpSignature,
+    TypesUnknown,
+    follow_unknown_dim,
+)
+from rewrite.engine.shapes import IncompatibleShapes
 
 DIALECT = "onnx"
 _FLOAT_DTYPES = frozenset({"fp16", "fp32", "fp64", "bf16"})
@@ -528,6 +536,41 @@ class OnnxAdapter:
         if since is None or self.opset < since:
             return None
         return _present(op.inputs)
+
+    def inferred_output_types(self, op: Node, old: Value, new: Value) -> list:
+        """The (dtype, dims) the inference that typed the graph (`onnx_shapes`: its own
+        rules, else onnx's inference of the op at this opset) gives `op`'s outputs were
+        its operand `old` replaced by `new`; the node is left as it was. For the shape
+        guard's refusals to say what would change (`Adapter.inferred_output_types`):
+        no proof, since that inference is written for valid graphs and need not
+        refuse an operand the op does not take (Sum-6 of shapes that differ).
+
+        Raises `OperandRejected` for a new operand the op cannot combine with its
+        others (shapes that do not broadcast), and `TypesUnknown`, saying why,
+        where the inference cannot tell.
+        """
+        if op.blocks:
+            raise TypesUnknown(f"'{op.type}' has subgraphs, which type its outputs and are not inferred again")
+        if new.dtype is None:
+            raise TypesUnknown(f"the dtype of '{new.name}' is not known")
+        if new.shape is None:
+            raise TypesUnknown(f"the rank of '{new.name}' is not known")
+        if "." in op.type:
+            raise TypesUnknown(f"no type inference is known for the ops of the domain '{op.proto.domain}'")
+        inputs = op.inputs
+        # Swapped in for the inference only, which reads a node's inputs and writes nothing.
+        op.inputs = tuple(new if value is old else value for value in inputs)
+        try:
+            results = onnx_shapes.inferred_outputs(self, op)
+        except IncompatibleShapes as error:
+            raise OperandRejected(str(error) or "the shapes do not combine") from None
+        finally:
+            op.inputs = inputs
+        if results is None:
+            raise TypesUnknown(f"the inference of '{op.type}' at opset {self.opset} gives no type with it")
+        outputs = [value for value in op.outputs if value is not None]
+        found = [(dtype, None if shape is None else tuple(shape)) for shape, dtype in results[: len(outputs)]]
+        return found + [(None, None)] * (len(outputs) - len(found))  # outputs it says nothing of: unknown
 
     def unknown_dim_origin(self, value: Value, axis: int) -> Node | None:
         """The node whose shape inference (`onnx_shapes`) lost dim `axis` of `value`.
