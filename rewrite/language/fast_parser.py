@@ -301,7 +301,7 @@ class FastParser:
         """
         lines = self.raw_lines
         self.tokens, self.position = [_END], 0
-        pieces = chunks(lines, start=first_line - 1)
+        pieces = chunks(lines, CHUNK_LINES, start=first_line - 1)  # the size read now: tests make it small
         words = self.words
         region, mark = first_line, len(items)
         append = items.append

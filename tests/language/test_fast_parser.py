@@ -404,3 +404,11 @@ def test_files_of_several_mutated_rules_report_the_same_errors_both_ways(seed):
         assert result in ("same", "both refuse", "left to lark"), text
         refused += result == "both refuse"
     assert refused  # the mutations do reach the error paths
+
+
+@pytest.mark.parametrize("case", sorted(MULTIPLE_ERRORS))
+def test_the_errors_are_the_same_whatever_the_pieces_the_text_is_read_in(case, monkeypatch):
+    text = MULTIPLE_ERRORS[case]
+    whole = _refused_alike(text).render()
+    monkeypatch.setattr(fast_parser, "CHUNK_LINES", 2)
+    assert _refused_alike(text).render() == whole
