@@ -3,10 +3,14 @@
     rewrite apply [--rules FILE_OR_DIR ...] INPUT -o OUTPUT
     rewrite check RULES...
 
-User mistakes (a bad rules file, a missing or corrupt model) end with exit
-code 2 and our own message, never a traceback. Outputs are written to a
-temporary path beside the destination and moved into place only when
-complete, so a failure leaves nothing half-written.
+Exit codes, the same for every command (`EXIT_CODES`, shown by `--help`):
+0 done, nothing wrong; 1 the command did its work and found something wrong
+with the rules or the model; 2 it could not do its work, because something
+the user gave could not be read (a rules file that does not load, a missing
+or corrupt model, a bad option). Each ends with our own message, never a
+traceback. Outputs are written to a temporary path beside the destination
+and moved into place only when complete, so a failure leaves nothing
+half-written.
 """
 
 from __future__ import annotations
@@ -23,9 +27,27 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
+EXIT_CODES = """\
+exit codes, the same for every command:
+  0  done: nothing wrong found
+  1  a finding about the rules or the model: an error 'check' finds beyond
+     loading (an example the backend cannot build), a failing example or a
+     file without any ('test'), a counterexample ('verify'), a rewrite that
+     would make the model invalid, change a type ('apply --check-types') or
+     not settle within --max-sweeps ('apply')
+  2  something given could not be read, so nothing was checked, tested,
+     verified, explained or applied: a rules file that does not parse or
+     type-check (for 'check' too), a missing or corrupt model, an output
+     path that cannot be written, a bad option
+"""
+
 
 class UserError(Exception):
     """A mistake in what the user gave us; printed as one line, exit 2."""
+
+
+class Finding(Exception):
+    """Something wrong with the rules or the model that a command found; printed as one line, exit 1."""
 
 
 def _quiet_third_party() -> None:
@@ -37,13 +59,20 @@ def _quiet_third_party() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from rewrite.engine.driver import DEFAULT_MAX_SWEEPS
+
     parser = argparse.ArgumentParser(
         prog="rewrite",
         description="Rule-based graph rewriting for Core ML (MIL) and ONNX models.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each command's --help states the exit codes too: they are one convention.
+    described = {"epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
 
-    apply = commands.add_parser("apply", help="rewrite a model with rules")
+    apply = commands.add_parser("apply", help="rewrite a model with rules", **described)
     apply.add_argument("input", metavar="INPUT", help="an .mlpackage or an .onnx file")
     apply.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the rewritten model")
     apply.add_argument(
@@ -61,30 +90,31 @@ def _parser() -> argparse.ArgumentParser:
                        help="ONNX: take initializers the graph lists as inputs as inputs a user may override, "
                             "not as constants, even below IR version 4 (where onnxruntime takes them as constants)")
     apply.add_argument("--max-sweeps", type=_positive, default=None, metavar="N",
-                       help="give up when rules still fire after N sweeps")
+                       help=f"give up (exit 1) when rules still fire after N sweeps (default: {DEFAULT_MAX_SWEEPS})")
     apply.add_argument("--check-types", action="store_true",
                        help="re-derive types after each rewrite and stop at a rule that changes one")
     apply.add_argument("--stats", action="store_true", help="also print attempts and time per rule")
     apply.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
-    explain = commands.add_parser("explain", help="say why each rule fires or not on each anchor")
+    explain = commands.add_parser("explain", help="say why each rule fires or not on each anchor", **described)
     explain.add_argument("rules", metavar="RULES", help="a .rules file or a folder of them")
     explain.add_argument("model", metavar="MODEL", help="an .mlpackage or an .onnx file (not changed)")
     explain.add_argument("--rule", metavar="NAME", help="only this rule")
     explain.add_argument("--op", metavar="NAME", help="only the anchor op (or node) with this name")
     explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
 
-    test = commands.add_parser("test", help="run the examples the rules carry")
+    test = commands.add_parser("test", help="run the examples the rules carry", **described)
     test.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     test.add_argument("--rule", metavar="NAME", help="only this rule's examples")
 
-    verify = commands.add_parser("verify", help="try random instances of each rule, before against after")
+    verify = commands.add_parser("verify", help="try random instances of each rule, before against after", **described)
     verify.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     verify.add_argument("--rule", metavar="NAME", help="only this rule")
-    verify.add_argument("--trials", type=_positive, default=50, metavar="N", help="instances to try per rule")
-    verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+    verify.add_argument("--trials", type=_positive, default=50, metavar="N",
+                        help="instances to try per rule (default: %(default)s)")
+    verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: %(default)s)")
 
-    check = commands.add_parser("check", help="parse and check rules files")
+    check = commands.add_parser("check", help="parse and check rules files", **described)
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
     check.add_argument("--backend", choices=["mil", "onnx"], help="check only the rules of this dialect")
     return parser
@@ -102,12 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"rewrite: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except Finding as error:
+        print(f"rewrite: error: {error}", file=sys.stderr)
+        return EXIT_FINDINGS
     except KeyboardInterrupt:
         print("rewrite: interrupted", file=sys.stderr)
         return 130
     except Terminated as signal_received:
         print("rewrite: terminated", file=sys.stderr)
         return 128 + signal_received.signal_number
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("rewrite")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _positive(text: str) -> int:
@@ -126,8 +168,7 @@ def _load_rules(paths, dialect: str | None, explicit: bool = True):
     try:
         rule_set = rewrite.load_rules(*paths, dialects=None if dialect is None else [dialect])
     except rewrite.RuleError as error:
-        print(error.render(), file=sys.stderr)
-        raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
+        raise _unloadable(error) from None
     skipped = rule_set.skipped_files
     if skipped and dialect is not None and (explicit or not rule_set.rules):
         # Rules the user named that cannot apply are a likely mistake: say so.
@@ -141,6 +182,16 @@ def _load_rules(paths, dialect: str | None, explicit: bool = True):
     return rule_set
 
 
+def _unloadable(error) -> UserError:
+    """Rules that do not load: every error printed, then the one-line summary, exit 2.
+
+    For every command alike, `check` included: what does not load was not
+    read, so nothing in it was checked (see `EXIT_CODES`).
+    """
+    print(error.render(), file=sys.stderr)
+    return UserError(f"{_plural(error.error_count, 'error')} in rules: they do not load")
+
+
 def _check(arguments) -> int:
     for path in arguments.rules:
         if not Path(path).exists():
@@ -151,8 +202,7 @@ def _check(arguments) -> int:
     try:
         rule_set = rewrite.load_rules(*arguments.rules, dialects=dialects)
     except rewrite.RuleError as error:
-        print(error.render(), file=sys.stderr)
-        return EXIT_FINDINGS
+        raise _unloadable(error) from None
     from rewrite.examples import example_errors
 
     # An example the backend cannot build is as much a mistake as a syntax error.
@@ -160,7 +210,7 @@ def _check(arguments) -> int:
     for diagnostic in [*unbuildable, *rule_set.warnings]:
         print(diagnostic.render(), file=sys.stderr)
     if unbuildable:
-        return EXIT_FINDINGS
+        raise Finding(f"{_plural(len(unbuildable), 'example')} the backend cannot build")
     warnings = f", {len(rule_set.warnings)} warning(s)" if rule_set.warnings else ""
     # Files of another dialect were not checked, so they are not counted.
     checked = len(rule_set.files) - len(rule_set.skipped_files)
@@ -259,6 +309,10 @@ def _test(arguments) -> int:
     from rewrite.examples import run_examples
 
     results = run_examples(rule_set, arguments.rule)
+    if not results:
+        # Nothing was tested: a file without examples passes no test, and CI must not think it did.
+        which = f"rule '{arguments.rule}'" if arguments.rule else ", ".join(arguments.rules)
+        raise Finding(f"no examples in {which}: nothing was tested (a rule carries them as 'example \"...\"')")
     for result in results:
         verdict = "PASS" if result.passed else "FAIL"
         print(f"{verdict}  {result.rule}: {result.description}  ({result.location})")
@@ -318,8 +372,9 @@ def _explain(arguments) -> int:
     except ModelError as error:
         raise UserError(str(error)) from None
     except rewrite.RuleError as error:  # explain rereads the rules files, which may have changed since
-        print(error.render(), file=sys.stderr)
-        raise UserError(f"{len(error.diagnostics)} error(s) in rules") from None
+        raise _unloadable(error) from None
+    if not explanations and arguments.op is not None and not _has_op(adapter, arguments.op):
+        raise UserError(f"{model.path} has no op named '{arguments.op}'")  # most likely a typo in --op
     if arguments.json:
         print(json.dumps([e.as_dict() for e in explanations], indent=2))
     elif explanations:
@@ -327,6 +382,17 @@ def _explain(arguments) -> int:
     else:
         print("no candidate anchors")
     return EXIT_OK
+
+
+def _has_op(adapter, name: str) -> bool:
+    """Whether an op (in any block, nested ones too) of the program is named `name`."""
+    blocks = list(adapter.top_blocks())
+    while blocks:
+        for op in adapter.operations(blocks.pop()):
+            if adapter.op_name(op) == name:
+                return True
+            blocks.extend(adapter.nested_blocks(op))
+    return False
 
 
 def _apply(arguments) -> int:
@@ -411,13 +477,14 @@ def _apply(arguments) -> int:
                 statistics = apply_mil(model.program, rule_set, original=model.reload_program, progress=bar,
                                        **options)
         except (rewrite.RewriteLimitError, rewrite.UnsoundRewriteError) as error:
-            raise UserError(str(error)) from None
+            raise Finding(f"{error}; nothing was written") from None
         except ModelError as error:
             from rewrite.backends.mil.validation import InvalidProgramError
             from rewrite.backends.onnx.validation import InvalidOutputError
 
-            invalid = isinstance(error, (InvalidOutputError, InvalidProgramError))
-            raise UserError(f"{error}; nothing was written" if invalid else str(error)) from None
+            if isinstance(error, (InvalidOutputError, InvalidProgramError)):
+                raise Finding(f"{error}; nothing was written") from None
+            raise UserError(str(error)) from None
         finally:
             if bar is not None:
                 bar.close()

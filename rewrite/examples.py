@@ -76,16 +76,30 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
     if example.expected is None:
         if statistics.fires or after != before:
             return result(False, f"expected no change; the rule fired {statistics.fires} time(s):\n"
-                                 f"    before: {before}\n    after:  {after}")
+                                 f"    before: {before}\n    after:  {after}\n"
+                                 f"why, on the example as written:\n{_trace(rule, backend.copy_program(original))}")
         return result(True)
     expected = canonical(backends.adapter_for(
         backend.build_example(inputs, example_ops(example.expected), outputs, opset=example.opset)))
     if not statistics.fires:
-        return result(False, "expected the rule to fire; it did not")
+        # Nothing changed: the program is the example as written, which explain reads.
+        return result(False, f"expected the rule to fire; it did not:\n{_trace(rule, program)}")
     if after != expected:
         return result(False, f"the rewritten graph differs:\n    expected: {expected}\n    got:      {after}")
     mismatch = _compare_values(backend, original, program, example)
     return result(mismatch is None, mismatch or "")
+
+
+def _trace(rule: ast.Rule, program) -> str:
+    """`rewrite explain` of `rule` on an example's program: at each candidate anchor,
+    the condition that failed (file:line, the values it saw) or what held."""
+    from rewrite.engine.explain import explain, format_text
+    from rewrite.predicates import registered_predicates
+
+    explanations = explain([rule], backends.adapter_for(program), registered_predicates())
+    if not explanations:
+        return f"no op of the example is a candidate anchor: none is a '{rule.anchor.pattern.op}'"
+    return format_text(explanations, held=True)
 
 
 class ExampleError(ValueError):

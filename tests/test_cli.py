@@ -137,7 +137,7 @@ def test_check_command(tmp_path):
     bad = tmp_path / "bad.rules"
     bad.write_text('dialect mil\nrule r "d" match %t = tile(z=%x) rewrite %t -> %x\n')
     result = run("check", bad)
-    assert result.returncode == 1
+    assert result.returncode == 2  # rules that do not load: exit 2, for check as for every command
     assert f"{bad}:2:28: error: op 'tile' has no operand 'z'" in result.stderr
 
 

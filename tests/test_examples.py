@@ -132,3 +132,34 @@ def test_examples_are_checked_when_rules_load(write_rules):
     text = RULE.format(condition=SOUND, factor="1.0", outcome="unchanged").replace("%y = mul(x=%x,", "%y = mul(z=%x,")
     with pytest.raises(rewrite.RuleError, match="op 'mul' has no operand 'z'"):
         rewrite.load_rules(write_rules(text))
+
+
+def test_an_example_that_does_not_fire_says_which_condition_failed_where_and_on_what(write_rules):
+    result = _result(write_rules, factor="2.0", outcome="becomes\n    %out = add(x=%x, y=%x)")
+    lines = result.message.splitlines()
+    assert not result.passed and lines[0] == "expected the rule to fire; it did not:"
+    # explain's trace at the anchor: the failing condition as written, its file:line, the values it saw.
+    assert lines[1].startswith("r @ ") and "  NOT FIRED  " in lines[1] and lines[1].endswith("test.rules:4")
+    assert lines[2:] == ["  failed: const(%factor) == 1.0  -> no", "  saw: const(%factor) = 2.0; 1.0 = 1.0"]
+
+
+def test_an_example_that_fires_but_should_not_says_what_held(write_rules):
+    result = _result(write_rules, outcome="unchanged")
+    lines = result.message.splitlines()
+    assert not result.passed and lines[0] == "expected no change; the rule fired 1 time(s):"
+    why = lines.index("why, on the example as written:")
+    assert "  FIRES  " in lines[why + 1]
+    held, bound = lines[why + 2], lines[why + 3]
+    assert held.startswith("  held: where const(%factor) == 1.0  (") and held.endswith(
+        "test.rules:4); saw: const(%factor) = 1.0")
+    assert bound.startswith("  bound: %y = %") and "%x = %x(4)" in bound
+
+
+def test_an_example_without_the_anchor_op_says_so(write_rules):
+    result = _result(write_rules, factor="1.0", outcome="becomes\n    %out = add(x=%x, y=%x)")
+    assert result.passed  # the rule as written, for contrast
+    text = RULE.format(condition=SOUND, factor="1.0", outcome="becomes\n    %out = add(x=%x, y=%x)")
+    text = text.replace("%y = mul(x=%x, y=1.0)", "%y = sub(x=%x, y=1.0)")
+    (result,) = run_examples(rewrite.load_rules(write_rules(text)))
+    assert not result.passed
+    assert result.message.splitlines()[1] == "no op of the example is a candidate anchor: none is a 'mul'"

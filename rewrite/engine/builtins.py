@@ -267,11 +267,19 @@ def _op_type(adapter, value):
     return UNKNOWN if op is None else adapter.op_type(op)
 
 
-def _attribute(adapter, value, name):
+def _attribute(adapter, value, name, default=None):
+    # What the op sets; else what its schema says it has unset (the backend's
+    # `attribute_default`); else the rule's own `default=`; else unknown.
     op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
     if op is None or not isinstance(name, str):
         return UNKNOWN
     found = adapter.attribute(op, name)
+    if found is None:
+        schema_default = getattr(adapter, "attribute_default", None)
+        if schema_default is not None:
+            found = schema_default(op, name)
+    if found is None:
+        found = default
     return UNKNOWN if found is None else found
 
 

@@ -25,7 +25,7 @@ patterns and conditions are data, the failing part can be quoted back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,11 @@ class Explanation:
     values: tuple[str, ...] = ()  # what the failing part saw (for a pattern: what the graph has instead)
     origins: tuple[str, ...] = ()  # for each unknown dim it read, the op whose shape inference lost it
     note: str = ""  # why a rewrite value has none
+    # Where the conditions held (it fires, or only the rewrite stopped it): each
+    # `where` clause as written with its file:line, and the values it compared;
+    # and what the match bound.
+    held: tuple[str, ...] = ()
+    bound: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -231,9 +236,10 @@ class _Explainer:
     # ---------------------------------------------------------------- fired, or not quite
 
     def _would_fire(self, rule: ast.Rule, env: dict, anchor_name: str) -> Explanation:
+        held = {"held": self._held(rule, env), "bound": self._bound(env)}
         refusal = self.driver.rewriter.preflight(rule, env)
         if isinstance(refusal, Unevaluable):
-            return self._unevaluable(rule, refusal, env, anchor_name)
+            return replace(self._unevaluable(rule, refusal, env, anchor_name), **held)
         if isinstance(refusal, Unavailable):
             return Explanation(
                 rule.name, anchor_name, False, f"{refusal.span.file}:{refusal.span.line}", UNAVAILABLE,
@@ -241,14 +247,44 @@ class _Explainer:
                 note=f"the rewrite builds '{refusal.op_type}', which the program's target does not have "
                      "(an ONNX opset before the op, a Core ML deployment target before it); say "
                      f"available(\"{refusal.op_type}\") among the conditions, or convert the model first",
+                **held,
             )
         if refusal is not None:
             return Explanation(
                 rule.name, anchor_name, False, str(rule.span), GUARD,
                 failed=str(refusal), truth="unknown",
                 path=(f"consumer = {refusal.consumer}", *(() if refusal.axis is None else (f"axis = {refusal.axis}",))),
+                **held,
             )
-        return Explanation(rule.name, anchor_name, True, str(rule.span), "fires")
+        return Explanation(rule.name, anchor_name, True, str(rule.span), "fires", **held)
+
+    def _held(self, rule: ast.Rule, env: dict) -> tuple[str, ...]:
+        """Each `where` clause, as written with its file:line, and what its comparisons saw."""
+        found = []
+        for condition in rule.conditions:
+            span = condition.span
+            line = f"where {condition.text}  ({span.file}:{span.line})"
+            seen = []
+            for part in _conjuncts(condition.expr):
+                if not isinstance(part, ast.Compare):
+                    continue
+                for side in (part.left, part.right):
+                    if isinstance(side, ast.Literal):
+                        continue  # `== 1` says its value itself
+                    try:
+                        value = self.conditions.value(side, env)
+                    except Exception:  # a part bound only inside the clause (a quantifier's variable)
+                        continue
+                    seen.append(f"{self.sources.text(side.span)} = {describe(value, self.adapter)}")
+            found.append(line + (f"; saw: {'; '.join(seen)}" if seen else ""))
+        return tuple(found)
+
+    def _bound(self, env: dict) -> tuple[str, ...]:
+        """What the match bound, `%v = ...`, in binding order (the anchor first)."""
+        return tuple(
+            f"{name} = {describe(value, self.adapter)}" for name, value in env.items()
+            if isinstance(name, str) and name.startswith("%")
+        )
 
     def _unevaluable(self, rule: ast.Rule, found: Unevaluable, env: dict, anchor_name: str) -> Explanation:
         text, adapter = self.sources.text, self.adapter
@@ -377,12 +413,18 @@ class _Explainer:
                 yield value, axis % len(shape)
 
 
-def format_text(explanations: Sequence[Explanation]) -> str:
-    """The human-readable report, one block per anchor."""
+def format_text(explanations: Sequence[Explanation], held: bool = False) -> str:
+    """The human-readable report, one block per anchor; with `held`, also what held
+    and what the match bound where the conditions hold (`rewrite test` says why an
+    example's rule fired)."""
     lines = []
     for item in explanations:
         verdict = "FIRES" if item.fired else "NOT FIRED"
         lines.append(f"{item.rule} @ {item.anchor}  {verdict}  {item.location}")
+        if held:
+            lines.extend(f"  held: {line}" for line in item.held)
+            if item.bound:
+                lines.append(f"  bound: {', '.join(item.bound)}")
         if item.fired:
             continue
         if item.reason == PATTERN:
@@ -423,6 +465,18 @@ def format_text(explanations: Sequence[Explanation]) -> str:
             lines.append(f"  saw: {'; '.join(item.values)}")
         lines.extend(f"  unknown: {origin}" for origin in item.origins)
     return "\n".join(lines)
+
+
+def _conjuncts(expr) -> list:
+    """The parts of `a and b and c`, in reading order."""
+    found, stack = [], [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.And):
+            stack += (item.right, item.left)
+        else:
+            found.append(item)
+    return found
 
 
 def _calls(expr, functions: tuple[str, ...]):

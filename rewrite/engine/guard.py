@@ -20,6 +20,12 @@ Three ways to prove it, cheapest first:
 3. The adapter re-infers the consumer's output types with the new operand
    (`output_types_with`), and they are provably the old ones.
 
+A refusal says what it could not prove: the consumer, and the rank, dim or
+dtype that would change, or else which operand's new value leaves its type
+unknown, and why. An adapter whose type inference is no proof (ONNX's is
+written for valid graphs) may still offer it for that message
+(`inferred_output_types`).
+
 Only the ops a rewrite touches are looked at: the cost is that of the
 rewrite, never of the graph. For a consumer with thousands of operands (one
 `Sum` of every layer's output) the second proof reads the operands' shapes
@@ -34,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rewrite.engine.interfaces import Adapter, Op, OperandRejected, Value
+from rewrite.engine.interfaces import Adapter, Op, OperandRejected, TypesUnknown, Value
 from rewrite.engine.logic import UNKNOWN, Truth, equal, proved_equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
 
@@ -62,6 +68,7 @@ class ShapeGuard:
         self.table = table
         self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
         self._output_types_with = getattr(adapter, "output_types_with", None)
+        self._inferred_output_types = getattr(adapter, "inferred_output_types", None)
         self._proven = getattr(adapter, "proven_shape", None)
         self._stated = getattr(adapter, "stated_shape", None)
         self._proving = False
@@ -156,18 +163,52 @@ class ShapeGuard:
             first_refusal = self._broadcast_keeps_output(consumer, broadcasting, old, new)
             if first_refusal is None:
                 return None
+        why = "the backend has no type inference to ask"
+        if self._output_types_with is None and self._inferred_output_types is not None:
+            return first_refusal or self._what_would_change(consumer, old, new)
         if self._output_types_with is not None:
             try:
                 inferred = self._output_types_with(consumer, old, new)
             except OperandRejected as error:
-                return Refusal(adapter.op_name(consumer), f"its type inference rejects the new operand ({error})")
+                # What the broadcast proof found, if it looked, says more about this rewrite.
+                return first_refusal or Refusal(
+                    adapter.op_name(consumer), f"its type inference rejects the new operand ({error})")
+            except TypesUnknown as error:
+                inferred, why = None, str(error)
+            else:
+                why = "its type inference gives none"
             if inferred is not None:
                 refusal = self._outputs_equal(consumer, inferred)
                 if refusal is None:
                     return None
                 first_refusal = first_refusal or refusal
-        unknown = f"its output type with the new operand is not known ({adapter.op_type(consumer)})"
-        return first_refusal or Refusal(adapter.op_name(consumer), unknown)
+        return first_refusal or Refusal(adapter.op_name(consumer), self._unknown(consumer, old, new, why))
+
+    def _what_would_change(self, consumer: Op, old: Value, new: Value) -> Refusal:
+        """The refusal of a consumer no proof covers, from the backend's shape inference,
+        which is quoted but not trusted: the rank, dim or dtype of an output that it says
+        would change; or, where it says none would, or cannot say, why it is not known."""
+        name = self.adapter.op_name(consumer)
+        try:
+            inferred = self._inferred_output_types(consumer, old, new)
+        except OperandRejected as error:
+            return Refusal(name, f"its shape inference rejects the new operand ({error})")
+        except TypesUnknown as error:
+            return Refusal(name, self._unknown(consumer, old, new, str(error)))
+        refusal = self._outputs_equal(consumer, inferred)
+        if refusal is not None:
+            return refusal
+        return Refusal(name, self._unknown(
+            consumer, old, new, "the shape inference gives the same types, but it is written for valid graphs "
+                                "and does not check the new operand, so it proves nothing"))
+
+    def _unknown(self, consumer: Op, old: Value, new: Value, why: str) -> str:
+        """What is not known where no proof says: the consumer's op, the operand, its new value, and why."""
+        adapter = self.adapter
+        slots = [name for name in adapter.operand_names(consumer) if _holds(adapter.operand(consumer, name), old)]
+        where = f"operand {'/'.join(slots)}" if slots else "the operand"
+        return (f"its output types with {where} '{adapter.value_name(old)}' replaced by "
+                f"'{adapter.value_name(new)}' are not known ({adapter.op_type(consumer)}): {why}")
 
     def _rejects(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
         try:
@@ -175,6 +216,8 @@ class ShapeGuard:
         except OperandRejected as error:
             name = self.adapter.op_name(consumer)
             return Refusal(name, f"its type inference rejects the new operand ({error})")
+        except TypesUnknown:
+            pass  # nothing to reject it by: the types were proved the same
         return None
 
     def _broadcast_keeps_output(
@@ -312,6 +355,13 @@ def _compare(where: str, what: str, before: tuple, after: tuple) -> Refusal | No
         if equal(old_dim, new_dim) is not Truth.YES:
             return Refusal(where, f"{what}dim {old_dim} would become {new_dim}", axis)
     return None
+
+
+def _holds(operand, value: Value) -> bool:
+    """Whether an operand (a value, or a variadic operand's values) is or holds `value`."""
+    if isinstance(operand, (list, tuple)):
+        return any(item is value for item in operand)
+    return operand is value
 
 
 def _aligned(shape: tuple, axis: int, rank: int):

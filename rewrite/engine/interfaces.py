@@ -65,6 +65,12 @@ class OperandRejected(Exception):
     fit, say), whatever the shapes are proved to be."""
 
 
+class TypesUnknown(Exception):
+    """Raised by an adapter's `output_types_with` where it cannot say, to say why
+    (the op has subgraphs, no inference is known for it, an input type is
+    unknown): the shape guard's refusal quotes it."""
+
+
 class TypeChangedError(RuntimeError):
     """A rewrite changed the type of a value it promised to keep (checked mode).
 
@@ -128,6 +134,11 @@ class Adapter(Protocol):
 
     def attribute(self, op: Op, name: str) -> Any:
         """The value of attribute `name` of `op` (a Python value), or None."""
+
+    def attribute_default(self, op: Op, name: str) -> Any:
+        """Optional. The value `op`'s schema gives attribute `name` where `op`
+        does not set it, at the program's opset; None if it gives none. The
+        builtin `attribute` falls back on it."""
 
     # ---- values
 
@@ -201,8 +212,16 @@ class Adapter(Protocol):
     def output_types_with(self, op: Op, old: Value, new: Value) -> list | None:
         """Optional. The (dtype, dims) of `op`'s outputs were its operand `old`
         replaced by `new`, by the IR's own type inference; None if it cannot
-        say. Raises `OperandRejected` when that inference refuses `new`. The
-        op is left as it was. The shape guard's third proof."""
+        say, or raises `TypesUnknown` saying why it cannot. Raises
+        `OperandRejected` when that inference refuses `new`. The op is left
+        as it was. The shape guard's third proof."""
+
+    def inferred_output_types(self, op: Op, old: Value, new: Value) -> list | None:
+        """Optional, for an adapter without `output_types_with`. What the backend's
+        own shape inference gives `op`'s outputs, as `output_types_with` would, where
+        that inference cannot be trusted as a proof (it is written for valid
+        graphs): the shape guard quotes it in a refusal, to say what would change.
+        Raises `OperandRejected` and `TypesUnknown` as `output_types_with` does."""
 
     def op_available(self, op_type: str) -> bool | None:
         """Optional. Whether new ops of `op_type` may be built in this program

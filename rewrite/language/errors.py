@@ -13,12 +13,17 @@ _SHOWN_WIDTH = 100
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One finding about a rules file. `severity` is "error" or "warning"."""
+    """One finding about a rules file. `severity` is "error", "warning" or "note".
+
+    A note with `more` stands for that many errors of its file not shown
+    (a file with more syntax errors than are worth reading at once).
+    """
 
     span: Span
     message: str
     severity: str = "error"
     source_line: str = ""
+    more: int = 0
 
     def render(self) -> str:
         head = f"{self.span}: {self.severity}: {self.message}"
@@ -49,6 +54,11 @@ class RuleError(Exception):
     @property
     def first(self) -> Diagnostic:
         return self.diagnostics[0]
+
+    @property
+    def error_count(self) -> int:
+        """How many errors were found, those not shown included."""
+        return sum((d.severity == "error") + d.more for d in self.diagnostics)
 
     def render(self) -> str:
         return "\n".join(d.render() for d in self.diagnostics)

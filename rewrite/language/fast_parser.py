@@ -79,6 +79,15 @@ class Unhandled(Exception):
     """The text is not one this parser takes; lark's parser decides what it is."""
 
 
+class Declined(Unhandled):
+    """`FastParser.items_from` stopped at something it does not take; `line` is
+    where the item holding it starts, from where lark's parser reads on."""
+
+    def __init__(self, line: int):
+        super().__init__(f"declined in the item from line {line}")
+        self.line = line
+
+
 # Each match is the blanks before a token and the token (or a comment, or
 # one character no terminal starts with), on one line: tokens never span
 # lines, so the line a token is on is the line scanned.
@@ -107,12 +116,15 @@ _CLAUSES = frozenset({"match", "where", "benefit", "rewrite", "example"})
 _STATEMENTS = frozenset({"input", "output", "opset"})
 
 _END = ("$END", "", (0, 0), (0, 0))
+# The kind of a token no terminal of the grammar starts with.
+BAD = "BAD"
 
 
 def tokenize(lines: list[str], first_line: int = 1, words: dict | None = None) -> list[tuple]:
     """(kind, text, (line, column), (line, end column)) for each token of `lines`, then an end marker.
 
-    kind is VAR, FLOAT, INT, NAME, STRING, or the punctuation itself. Each
+    kind is VAR, FLOAT, INT, NAME, STRING, the punctuation itself, or `BAD`
+    for a character no terminal starts with. Each
     distinct text is one string (through `words`): names and keywords recur
     all over a large file, and the AST keeps them.
     """
@@ -131,16 +143,17 @@ def tokenize(lines: list[str], first_line: int = 1, words: dict | None = None) -
             end = column + len(value)
             kind = first_kind(value[0])
             if kind is None:
-                if value not in _PUNCTUATION:
-                    raise Unhandled("a character no token starts with")
-                kind = value
+                # A character no token starts with is a token no parse
+                # function takes: the parse stops there, at the item it is
+                # in, and not before the items ahead of it are read.
+                kind = value if value in _PUNCTUATION else BAD
             elif kind == "number":
                 kind = "FLOAT" if "." in value or "e" in value or "E" in value else "INT"
             elif kind == "comment":
                 column = end
                 continue
             elif len(value) == 1 and kind != "NAME":  # `%` or `"` alone: no VAR, no STRING
-                raise Unhandled("a character no token starts with")
+                kind = BAD
             value = shared(value, value)
             append((kind, value, (number, column), (number, end)))
             column = end
@@ -154,8 +167,9 @@ _ITEM_LINE = re.compile(r"(?:rule|class|import|dialect)(?:[ \t\f\r]|$)")
 CHUNK_LINES = 2000
 
 
-def chunks(lines: list[str], size: int = CHUNK_LINES):
-    """`lines` in pieces of about `size` lines, each cut where a line starts an item: (first line, lines).
+def chunks(lines: list[str], size: int = CHUNK_LINES, start: int = 0):
+    """`lines[start:]` in pieces of about `size` lines, each cut where a line starts an item:
+    (first line, lines), the first line counted from 1 for `lines[0]`.
 
     Tokens are held a piece at a time: all of a 5 MB file's would take some
     hundreds of MB. Parsing piece after piece builds what parsing the whole
@@ -163,9 +177,8 @@ def chunks(lines: list[str], size: int = CHUNK_LINES):
     starts an item wherever a complete item could end before it (there no
     NAME may come, so the word is the keyword), and the grammar is a
     sequence of items. A cut elsewhere leaves a piece that does not parse,
-    and then lark parses the whole text.
+    and then lark parses from the item the piece ends in.
     """
-    start = 0
     while start < len(lines):
         end = min(start + size, len(lines))
         while end < len(lines) and not _ITEM_LINE.match(lines[end]):
@@ -226,6 +239,9 @@ class FastParser:
         self.path = path
         self.text = text
         self.lines = source_lines
+        # Lines as the tokenizer reads them, with any "\r" (which it skips as a blank).
+        self.raw_lines = text.split("\n")
+        self.words: dict[str, str] = {}
         self.tokens: list[tuple] = [_END]
         self.position = 0
 
@@ -269,44 +285,66 @@ class FastParser:
     # ---- top level
 
     def parse(self) -> ast.RuleFile:
-        dialect = dialect_span = None
-        imports, classes, rules = [], [], []
-        words: dict[str, str] = {}
-        pieces = chunks(self.text.split("\n"))
-        while True:
-            token = self.tokens[self.position]
-            kind, value = token[0], token[1]
-            if kind == "$END":
-                piece = next(pieces, None)
-                if piece is None:
-                    break
-                self.tokens, self.position = tokenize(piece[1], piece[0], words), 0
-                continue
-            tokens = self.tokens
-            if kind != "NAME":
-                raise Unhandled("an item")
-            if value == "rule":
-                rules.append(self.rule())
-            elif value == "dialect":
-                self.position += 1
-                name = self.expect("NAME")
-                dialect, dialect_span = name[1], self.token_span(name)
-            elif value == "import":
-                imports.append(self.import_decl())
-            elif value == "class":
-                self.position += 1
-                name = self.expect("NAME")
-                self.expect("=")
-                members = [self.expect("NAME")[1]]
-                while tokens[self.position][0] == "|":
+        """The whole text's AST; `Unhandled` (a `Declined`) for anything it does not take."""
+        items: list = []
+        self.items_from(1, items)
+        return build_file(self.path, items)
+
+    def items_from(self, first_line: int, items: list) -> None:
+        """Append the items of the text from line `first_line` on to `items` (see `build_file`).
+
+        Raises `Declined` at the first thing this parser does not take, with
+        the line where the item holding it starts (the last line at or before
+        it that starts with an item word and that no item spans), and with
+        `items` cut back to what came before that line; or the `RuleError`
+        of too many conditions. parser.py recovers from either there.
+        """
+        lines = self.raw_lines
+        self.tokens, self.position = [_END], 0
+        pieces = chunks(lines, CHUNK_LINES, start=first_line - 1)  # the size read now: tests make it small
+        words = self.words
+        region, mark = first_line, len(items)
+        append = items.append
+        try:
+            while True:
+                token = self.tokens[self.position]
+                kind, value = token[0], token[1]
+                if kind == "$END":
+                    piece = next(pieces, None)
+                    if piece is None:
+                        return
+                    self.tokens, self.position = tokenize(piece[1], piece[0], words), 0
+                    continue
+                tokens = self.tokens
+                if kind != "NAME":
+                    raise Unhandled("an item")
+                line, column = token[2]
+                if column == 1 and _ITEM_LINE.match(lines[line - 1]):
+                    region, mark = line, len(items)
+                if value == "rule":
+                    append(self.rule())
+                elif value == "dialect":
                     self.position += 1
-                    members.append(self.expect("NAME")[1])
-                classes.append(_OpClass(name[1], tuple(members), self.token_span(name)))
-            else:
-                raise Unhandled("an item")
-        dialect_name = dialect or ""
-        built = tuple(_Rule(dialect=dialect_name, **fields) for fields in rules)
-        return _RuleFile(self.path, dialect, dialect_span, tuple(imports), tuple(classes), built)
+                    name = self.expect("NAME")
+                    append(("dialect", name[1], self.token_span(name)))
+                elif value == "import":
+                    append(self.import_decl())
+                elif value == "class":
+                    self.position += 1
+                    name = self.expect("NAME")
+                    self.expect("=")
+                    members = [self.expect("NAME")[1]]
+                    while tokens[self.position][0] == "|":
+                        self.position += 1
+                        members.append(self.expect("NAME")[1])
+                    append(_OpClass(name[1], tuple(members), self.token_span(name)))
+                else:
+                    raise Unhandled("an item")
+        except (Unhandled, RecursionError, IndexError):
+            # IndexError: the end marker stops every loop first; RecursionError:
+            # nesting too deep for this parser, which lark's path measures.
+            del items[mark:]
+            raise Declined(region) from None
 
     def import_decl(self) -> ast.Import:
         start = self.take()[2]
@@ -872,9 +910,43 @@ def _count_conjuncts(expr) -> int:
 
 def parse_fast(text: str, path: str, lines: list[str]) -> ast.RuleFile:
     """The AST of `text`, as `parser._parse` builds it; raises `Unhandled` for lark's parser to decide."""
-    try:
-        return FastParser(text, path, lines).parse()
-    except RecursionError:
-        raise Unhandled("nesting too deep for this parser") from None
-    except IndexError:  # pragma: no cover - the end marker stops every loop first
-        raise Unhandled("the end of the text") from None
+    return FastParser(text, path, lines).parse()
+
+
+def build_file(path: str, items: list) -> ast.RuleFile:
+    """The `RuleFile` of `items` in text order, as both parsers read them: a
+    ("dialect", name, span) tuple, an `Import`, an `OpClass`, or a rule (the
+    fields of one, or a `Rule`), which gets the file's dialect: the last
+    one declared, as lark's grammar has it."""
+    dialect = dialect_span = None
+    imports, classes, rules = [], [], []
+    for item in items:
+        kind = type(item)
+        if kind is dict or kind is ast.Rule:
+            rules.append(item)
+        elif kind is tuple:
+            dialect, dialect_span = item[1], item[2]
+        elif kind is ast.Import:
+            imports.append(item)
+        else:
+            classes.append(item)
+    name = dialect or ""
+    built = tuple(
+        _Rule(dialect=name, **rule) if type(rule) is dict else dataclasses.replace(rule, dialect=name)
+        for rule in rules
+    )
+    return _RuleFile(path, dialect, dialect_span, tuple(imports), tuple(classes), built)
+
+
+def is_item_line(line: str) -> bool:
+    """Whether a line starts with an item word, `rule r ...`: where parsing recovers after an error."""
+    return _ITEM_LINE.match(line) is not None
+
+
+def next_item_line(lines: list[str], after: int) -> int | None:
+    """The number (from 1) of the first of `lines` after line `after` that starts an item; None if none."""
+    match = _ITEM_LINE.match
+    for index in range(after, len(lines)):
+        if match(lines[index]):
+            return index + 1
+    return None

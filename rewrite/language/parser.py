@@ -3,23 +3,34 @@
 Parsing is lark's LALR(1); the `Transformer` below turns its tree into the
 frozen dataclasses of `rewrite.language.ast`. Text that parses goes through
 `fast_parser` instead, which builds the same AST many times faster; lark
-parses only what that one does not take. Syntax errors become a
-`RuleError` with `file:line:col`, the line, a caret and what was expected.
+parses only the items that one does not take. Syntax errors become a
+`RuleError` with `file:line:col`, the line, a caret and what was expected:
+every error of the file (up to `MAX_REPORTED_ERRORS`), since the parse
+recovers at the next item after each (`_parse_recovering`).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import threading
-from dataclasses import replace
 
 import lark
 from lark import Token, Transformer_NonRecursive, Tree, v_args
 
 from rewrite import resources
 from rewrite.language import ast
-from rewrite.language.errors import RuleError, SourceText
-from rewrite.language.fast_parser import MAX_CONDITIONS, Unhandled, parse_fast, too_many_conditions
+from rewrite.language.errors import Diagnostic, RuleError, SourceText
+from rewrite.language.fast_parser import (
+    MAX_CONDITIONS,
+    Declined,
+    FastParser,
+    build_file,
+    is_item_line,
+    next_item_line,
+    too_many_conditions,
+)
+from rewrite.language.types import BUILTINS
 
 
 class _TooManyConditions(Exception):
@@ -127,33 +138,124 @@ def _parse(text: str, path: str) -> ast.RuleFile:
     source = SourceText(path, text)
     # The fast parser takes well-formed text, by far the common case, at a
     # tenth of lark's cost or less; lark decides the rest and words the error.
-    try:
-        return parse_fast(text, path, source.lines)
-    except Unhandled:
-        pass
-    return parse_with_lark(source)
+    return _parse_recovering(source, fast=True)
 
 
 def parse_with_lark(source: SourceText) -> ast.RuleFile:
     """lark's path alone, which decides and words what the fast parser leaves
     to it. Raises `RuleError`; tests compare it with `fast_parser`."""
-    try:
-        tree = grammar_parser().parse(source.text)
-    except lark.exceptions.UnexpectedInput as error:
-        raise RuleError([_syntax_diagnostic(error, source)]) from None
-    except _TooManyConditions as error:
-        meta = error.conjunct.meta if isinstance(error.conjunct, Tree) else error.conjunct
-        span = ast.Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
-        raise too_many_conditions(span, source.line(span.line)) from None
-    too_deep = _too_deep(tree, source)
-    if too_deep is not None:
-        raise RuleError([too_deep])
-    try:
-        return _ToAst(source).transform(tree)
-    except lark.exceptions.VisitError as error:
-        if isinstance(error.orig_exc, RuleError):
-            raise error.orig_exc from None
-        raise
+    return _parse_recovering(source, fast=False)
+
+
+# At most this many errors of one file are reported; a note says how many more.
+MAX_REPORTED_ERRORS = 20
+
+
+def _parse_recovering(source: SourceText, fast: bool) -> ast.RuleFile:
+    """Parse the whole text, reporting every error, not only the first.
+
+    After an error the parse recovers at the next line that starts with an
+    item word (`rule`, `dialect`, `import`, `class` at column 1) and reads on
+    from there, so that each broken item is one error and the items after it
+    are still read. (When the error is that very word, cutting the item
+    before it short, the parse goes on at that line.)
+
+    lark reads the text a stretch at a time (`_lark_stretch`): from such a
+    line to the next, longer only where an item runs on past it. With
+    `fast`, the fast parser reads first and lark only the stretch from the
+    item it did not take; both ways read the same stretches, so they report
+    the same errors (tests/language/test_fast_parser.py compares them).
+    """
+    raw = source.text.split("\n")  # as lark counts lines, "\r" kept
+    items: list = []
+    errors: list[Diagnostic] = []
+    fast_parser = FastParser(source.text, source.path, source.lines) if fast else None
+    start: int | None = 1
+    while start is not None:
+        if fast_parser is not None:
+            try:
+                fast_parser.items_from(start, items)
+                break
+            except Declined as declined:
+                start = declined.line
+            except RuleError as error:  # too many conditions, which lark's path words alike
+                errors.extend(error.diagnostics)
+                start = next_item_line(raw, error.first.span.line)
+                continue
+        start = _lark_stretch(source, raw, start, items, errors)
+    if errors:
+        raise RuleError(_capped(errors))
+    return build_file(source.path, items)
+
+
+def _capped(errors: list[Diagnostic]) -> list[Diagnostic]:
+    if len(errors) <= MAX_REPORTED_ERRORS:
+        return errors
+    more = len(errors) - MAX_REPORTED_ERRORS
+    note = Diagnostic(errors[MAX_REPORTED_ERRORS].span,
+                      f"{more} more error{'s' if more > 1 else ''} in this file not shown", "note", more=more)
+    return [*errors[:MAX_REPORTED_ERRORS], note]
+
+
+def _lark_stretch(source: SourceText, raw: list[str], start: int, items: list, errors: list) -> int | None:
+    """Parse with lark from line `start` to the next line that starts an item
+    (or on, while an item runs past it); append its items, or its errors, and
+    return the line to read on from (None: the end of the text).
+
+    A stretch that is complete items is what those items are in the whole
+    text: the item word at its end starts a new item wherever a complete one
+    may end before it (`fast_parser.chunks` says why). One that ends inside
+    an item (lark meets the end of the stretch) is made longer.
+    """
+    end = next_item_line(raw, start)
+    while True:
+        # The lines before the stretch as empty ones: lark's lines and columns are the file's.
+        text = "\n" * (start - 1) + "\n".join(raw[start - 1 : None if end is None else end - 1])
+        try:
+            tree = grammar_parser().parse(text)
+            break
+        except lark.exceptions.UnexpectedInput as error:
+            if end is not None and _at_end(error):
+                end = next_item_line(raw, end)
+                continue
+            diagnostic = _syntax_diagnostic(error, source)
+            errors.append(diagnostic)
+            if isinstance(error, lark.exceptions.UnexpectedEOF) or (
+                    isinstance(error, lark.exceptions.UnexpectedToken) and error.token.type == "$END"):
+                return None
+            line = diagnostic.span.line
+            if line > start and diagnostic.span.column == 1 and is_item_line(raw[line - 1]):
+                return line  # the item word itself was unexpected: the item before it stops short
+            return next_item_line(raw, line)
+        except _TooManyConditions as error:
+            diagnostic = _too_many_diagnostic(error, source)
+            errors.append(diagnostic)
+            return next_item_line(raw, diagnostic.span.line)
+    for item in tree.children:
+        too_deep = _too_deep(item, source)
+        if too_deep is not None:
+            errors.append(too_deep)
+            continue
+        try:
+            items.append(_ToAst(source).transform(item))
+        except lark.exceptions.VisitError as error:
+            if not isinstance(error.orig_exc, RuleError):
+                raise
+            errors.extend(error.orig_exc.diagnostics)
+    return end
+
+
+def _at_end(error: lark.exceptions.UnexpectedInput) -> bool:
+    """Whether lark stopped at the end of the text it was given."""
+    if isinstance(error, lark.exceptions.UnexpectedEOF):
+        return True
+    return isinstance(error, lark.exceptions.UnexpectedToken) and error.token.type == "$END"
+
+
+def _too_many_diagnostic(error: _TooManyConditions, source: SourceText) -> Diagnostic:
+    meta = error.conjunct.meta if isinstance(error.conjunct, Tree) else error.conjunct
+    span = ast.Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
+    return too_many_conditions(span, source.line(span.line)).first
 
 
 # ------------------------------------------------------------ nesting
@@ -265,6 +367,8 @@ def _syntax_diagnostic(error: lark.exceptions.UnexpectedInput, source: SourceTex
             span = source.span_at(line, column)
             found = repr(str(token))
         message = f"unexpected {found}; expected {_describe_expected(set(error.expected))}"
+        if token.type != "$END":
+            message += _replacement_hint(source, span, str(token))
     elif isinstance(error, lark.exceptions.UnexpectedCharacters):
         span = source.span_at(line, column)
         character = source.line(span.line)[span.column - 1 : span.column] or "?"
@@ -279,6 +383,53 @@ def _syntax_diagnostic(error: lark.exceptions.UnexpectedInput, source: SourceTex
         span = source.span_at(line, column)
         message = str(error).splitlines()[0]
     return source.diagnostic(span, message)
+
+
+# `%t ->` at the end of the text before an error, and what a replacement is: a
+# literal, or the start of a call of a builtin (not an op) still open there.
+_REPLACED = re.compile(r"(%[A-Za-z_][A-Za-z0-9_]*)\s*->\s*$")
+_REPLACED_BY_CALL = re.compile(r"(%[A-Za-z_][A-Za-z0-9_]*)\s*->\s*([A-Za-z_][A-Za-z0-9_]*)\s*\([^()]*$")
+_LITERAL = re.compile(r'[0-9]|"|-|\[')
+# The literal as written from where it starts: a number (negated or not), a string, a flat list.
+_LITERAL_TEXT = re.compile(r'-?\s*[0-9][0-9.]*(?:[eE][-+]?[0-9]+)?|"[^"\n]*"|\[[^\[\]\n]*\]')
+_DIALECT = re.compile(r"\s*dialect\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _replacement_hint(source: SourceText, span: ast.Span, found: str) -> str:
+    """For a constant written as a replacement (`%t -> 0.0`, `%t -> zero_of(fp32)`),
+    the way to say it in the file's dialect; "" for any other error.
+
+    A replacement is a graph value or an op the rule builds, and a constant
+    is an op of the backend: the message names it, so that the user need
+    not find it in the docs.
+    """
+    # The text before the error, from up to three lines above (an action may be split over lines).
+    first = max(1, span.line - 3)
+    before = " ".join([source.line(n) for n in range(first, span.line)] + [source.line(span.line)[: span.column - 1]])
+    literal = _REPLACED.search(before)
+    if literal is not None and _LITERAL.match(found):
+        written = _LITERAL_TEXT.match(source.line(span.line), span.column - 1)
+        target, value = literal.group(1), written.group() if written is not None else "..."
+    else:
+        call = _REPLACED_BY_CALL.search(before)
+        if call is None or call.group(2) not in BUILTINS:
+            return ""
+        target, value = call.group(1), "0.0"
+    dialect = next((m.group(1) for line in source.lines if (m := _DIALECT.match(line))), None)
+    typed = f"as_dtype({value}, dtype({target}))"
+    ways = {
+        "mil": (f"'{target} -> const(val={typed})', or, shaped like a value %v whose shape is known only at "
+                f"run time, '{target} -> fill_like(ref_tensor=%v, value={typed})'"),
+        "onnx": (f"'{target} -> Constant(value={typed})', or, shaped like a value %v whose shape is known only "
+                 f"at run time, '%s = Shape(data=%v)' then "
+                 f"'{target} -> ConstantOfShape(input=%s, value=as_dtype([{value}], dtype({target})))'"),
+    }
+    if dialect in ways:
+        way = f"as in {ways[dialect]}"
+    else:
+        way = f"in MIL as in {ways['mil']}; in ONNX as in {ways['onnx']}"
+    return (f". A replacement is a value or an op, not a constant: build the constant, {way} "
+            f"(docs/language.md, \"Replacing a value by a constant\")")
 
 
 def _end_of_text(source: SourceText) -> ast.Span:
@@ -323,25 +474,7 @@ class _ToAst(Transformer_NonRecursive):
         lines[-1] = lines[-1][: meta.end_column - 1]
         return " ".join(line.strip() for line in lines)
 
-    # ---- top level
-
-    def start(self, meta, items):
-        dialect = None
-        dialect_span = None
-        imports, classes, rules = [], [], []
-        for item in items:
-            if isinstance(item, tuple) and item[0] == "dialect":
-                dialect, dialect_span = item[1], item[2]
-            elif isinstance(item, ast.Import):
-                imports.append(item)
-            elif isinstance(item, ast.OpClass):
-                classes.append(item)
-            else:
-                rules.append(item)
-        rules = [replace(rule, dialect=dialect or "") for rule in rules]
-        return ast.RuleFile(
-            self.source.path, dialect, dialect_span, tuple(imports), tuple(classes), tuple(rules)
-        )
+    # ---- top level (each item is transformed on its own; `fast_parser.build_file` makes the file)
 
     def dialect_decl(self, meta, children):
         (name,) = children
@@ -687,9 +820,15 @@ class _ToAst(Transformer_NonRecursive):
 
     def _paren_span(self, name: Token) -> ast.Span:
         """Where the `(` after `name=` is: the tuple has no token of its own to point at."""
-        text, position = self.source.text, name.end_pos
-        while text[position] != "(":  # past blanks, the `=` and any comment
-            position = text.index("\n", position) if text[position] == "#" else position + 1
-        line = text.count("\n", 0, position) + 1
-        column = position - text.rfind("\n", 0, position)
-        return ast.Span(self.source.path, line, column)
+        # Found from the token's line and column: lark parsed a stretch of the
+        # text, so its character offsets are not the file's.
+        lines = self.source.lines
+        line, column = name.end_line, name.end_column
+        while True:
+            text = lines[line - 1]
+            index = column - 1
+            while index < len(text) and text[index] not in "(#":  # past blanks and the `=`
+                index += 1
+            if index < len(text) and text[index] == "(":
+                return ast.Span(self.source.path, line, index + 1)
+            line, column = line + 1, 1  # a comment, or the end of the line

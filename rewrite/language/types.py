@@ -100,9 +100,10 @@ BUILTINS: dict[str, Signature] = {
                    "version the model's opset gives it; unknown if the backend cannot tell."),
         _signature("op_type", "value", Type.STRING,
                    "The type of the op producing the value; unknown for inputs."),
-        _signature("attribute", "value, name:string", Type.ANY,
-                   "An attribute of the op producing the value (MIL: a constant operand); "
-                   "unknown if it has none."),
+        _signature("attribute", "value, name:string, *?default:any", Type.ANY,
+                   "An attribute of the op producing the value (MIL: a constant operand); where the "
+                   "op does not set it, the default its schema gives it at the model's opset (ONNX), "
+                   "else `default`, else unknown."),
         _signature("len", "items:any", Type.NUMBER,
                    "The length of a list, or of the operands a rest operand `%v...` bound."),
         _signature("range", "stop:number", Type.LIST, "[0, 1, ..., stop-1]; unknown past 2**20 elements."),

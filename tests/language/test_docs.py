@@ -41,3 +41,28 @@ def test_every_rules_snippet_loads(tmp_path, snippet, documented_predicate):
 def test_every_builtin_is_documented():
     missing = [name for name in BUILTINS if f"`{name}(" not in DOC]
     assert not missing
+
+
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if "\n  example " in s],
+                         ids=lambda s: re.search(r"rule (\w+)", s).group(1))
+def test_the_examples_of_every_rules_snippet_pass(tmp_path, snippet):
+    """What a snippet shows a rule doing (a constant built, a default read) it does."""
+    from rewrite.examples import run_examples
+
+    path = tmp_path / "snippet.rules"
+    path.write_text(snippet)
+    results = run_examples(rewrite.load_rules(path))
+    assert results and all(result.passed for result in results), [r.message for r in results if not r.passed]
+
+
+BAD_SNIPPETS = re.findall(r"```rules-bad\n(.*?)```\n\n```text\n(.*?)```", DOC, flags=re.S)
+
+
+@pytest.mark.parametrize(("snippet", "shown"), BAD_SNIPPETS, ids=[f"bad{i}" for i in range(len(BAD_SNIPPETS))])
+def test_every_error_the_docs_show_is_the_error_given(tmp_path, monkeypatch, snippet, shown):
+    name = re.match(r"# file: (\S+)", snippet).group(1)
+    (tmp_path / name).write_text(snippet)
+    monkeypatch.chdir(tmp_path)  # file names show relative to the current folder
+    with pytest.raises(rewrite.RuleError) as raised:
+        rewrite.load_rules(name)
+    assert raised.value.render() == shown.rstrip("\n")

@@ -187,9 +187,10 @@ def test_every_pass_over_rules_at_the_limits_leaves_the_stack_far_from_full(writ
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
 def test_check_dev_zero_is_refused_unread(tmp_path):
     result = _run_cli("check", "/dev/zero", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "/dev/zero:1:1: error: cannot read rules file: it is a character device, not a regular file"
+        "/dev/zero:1:1: error: cannot read rules file: it is a character device, not a regular file",
+        "rewrite: error: 1 error in rules: they do not load",
     ]
 
 
@@ -200,7 +201,7 @@ def test_fifos_devices_and_links_to_them_are_refused_without_opening(tmp_path):
     (tmp_path / "imports.rules").write_text('dialect onnx\nimport "fifo.rules"\nimport "zero.rules"\n')
     # --backend: the dialect of each file is peeked at first, which must not hang either.
     result = _run_cli("check", "--backend", "onnx", "fifo.rules", "zero.rules", "imports.rules", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
     assert lines[0] == "fifo.rules:1:1: error: cannot read rules file: it is a FIFO (named pipe), not a regular file"
@@ -209,7 +210,7 @@ def test_fifos_devices_and_links_to_them_are_refused_without_opening(tmp_path):
                         "it is a FIFO (named pipe), not a regular file")
     assert lines[5] == ("imports.rules:3:1: error: cannot import 'zero.rules': "
                         "it links to '/dev/zero', not a .rules file")
-    assert len(lines) == 8
+    assert lines[8:] == ["rewrite: error: 4 errors in rules: they do not load"]
 
 
 def test_a_file_over_the_size_limit_is_refused_unread(tmp_path):
@@ -334,21 +335,21 @@ def test_files_of_another_dialect_are_listed_as_skipped(tmp_path):
 
 def test_cli_check_of_deep_nesting_is_a_short_error(write_rules, capsys):
     path = write_rules(_rule(where="not " * 600 + "true"))
-    assert cli.main(["check", str(path)]) == cli.EXIT_FINDINGS
+    assert cli.main(["check", str(path)]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "Traceback" not in err and "RecursionError" not in err
     column = 9 + 4 * MAX_NESTING
     assert err.splitlines()[0] == f"{path.resolve()}:4:{column}: error: nesting deeper than {MAX_NESTING} levels"
-    assert len(err.splitlines()) == 3
+    assert err.splitlines()[3:] == ["rewrite: error: 1 error in rules: they do not load"]
 
 
 def test_cli_check_in_a_subprocess_has_no_traceback(tmp_path):
     (tmp_path / "deep.rules").write_text(_rule(match="Relu(X=" * 200 + "%x" + ")" * 200))
     (tmp_path / "shadow.rules").write_text('dialect onnx\nimport "/etc/shadow"\n')
     result = _run_cli("check", "deep.rules", "shadow.rules", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
-    assert len(lines) == 6
+    assert len(lines) == 7 and lines[6] == "rewrite: error: 2 errors in rules: they do not load"
     assert lines[0] == f"deep.rules:3:{14 + 7 * MAX_NESTING}: error: nesting deeper than {MAX_NESTING} levels"
     assert lines[3] == "shadow.rules:2:1: error: cannot import '/etc/shadow': only a .rules file can be imported"

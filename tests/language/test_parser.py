@@ -114,3 +114,123 @@ def test_syntax_errors_point_at_the_text(text, line, column, expected):
     source_line, caret = rendered.splitlines()[1:3]
     assert source_line.strip() == text.splitlines()[line - 1].strip()
     assert caret.index("^") - 2 == column - 1
+
+
+# ------------------------------------------------------------ every error, not only the first
+
+BROKEN = """\
+dialect mil
+rule a "d"
+  match %t = tile(x=%x reps=%r)
+  rewrite %t -> %x
+rule b "fine"
+  match %t = tile(x=%x, reps=%r)
+  rewrite %t -> %x
+rule c "d"
+  match %t = tile(x=%x, reps=%r)
+  where $ 1
+  rewrite %t -> %x
+rule d "d"
+  match %t = tile(x=%x, reps=%r
+rule e "d"
+  match %t = tile(x=(%x, %y), reps=%r)
+  rewrite %t -> %x
+rule f "fine"
+  match %t = tile(x=%x, reps=%r)
+  rewrite %t -> %x
+"""
+# (line, column, what the message says) of each error in BROKEN, in order.
+BROKEN_ERRORS = [
+    (3, 24, "unexpected 'reps'; expected ')', ','"),
+    (10, 9, "unexpected character '$'"),
+    (14, 1, "unexpected 'rule'; expected ')', ','"),  # rule d runs into rule e, which is still read
+    (15, 21, "a tuple is not a pattern"),
+]
+
+
+def _errors(text: str, path: str = "bad.rules") -> RuleError:
+    with pytest.raises(RuleError) as raised:
+        parse_rules(text, path)
+    return raised.value
+
+
+def test_every_error_of_a_file_is_reported_each_with_its_place_and_a_caret():
+    error = _errors(BROKEN)
+    found = [(d.span.line, d.span.column) for d in error.diagnostics]
+    assert found == [(line, column) for line, column, _ in BROKEN_ERRORS]
+    lines = error.render().splitlines()
+    assert len(lines) == 3 * len(BROKEN_ERRORS)
+    for index, (line, column, words) in enumerate(BROKEN_ERRORS):
+        head, quoted, caret = lines[3 * index : 3 * index + 3]
+        assert head.startswith(f"bad.rules:{line}:{column}: error: ") and words in head
+        assert quoted.strip() == BROKEN.splitlines()[line - 1].strip()
+        assert caret.index("^") - 2 == column - 1
+    assert error.error_count == len(BROKEN_ERRORS)
+
+
+def test_lark_alone_reports_the_same_errors():
+    from rewrite.language.errors import SourceText
+    from rewrite.language.parser import parse_with_lark
+
+    with pytest.raises(RuleError) as raised:
+        parse_with_lark(SourceText("bad.rules", BROKEN))
+    assert raised.value.render() == _errors(BROKEN).render()
+
+
+def test_good_rules_after_a_broken_one_add_no_error():
+    text = 'dialect mil\nrule a "d"\n  match %t = tile(x=%x,, reps=%r)\n  rewrite %t -> %x\n' + "".join(
+        f'rule r{i} "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> %x\n' for i in range(5))
+    (diagnostic,) = _errors(text).diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (3, 24)
+
+
+def test_errors_past_the_cap_are_counted_in_a_note():
+    from rewrite.language.parser import MAX_REPORTED_ERRORS
+
+    broken = 'rule r{} "d"\n  match %t = tile(x=%x reps=%r)\n  rewrite %t -> %x\n'
+    text = "dialect mil\n" + "".join(broken.format(i) for i in range(MAX_REPORTED_ERRORS + 5))
+    error = _errors(text)
+    *shown, note = error.diagnostics
+    assert len(shown) == MAX_REPORTED_ERRORS and all(d.severity == "error" for d in shown)
+    assert note.severity == "note" and note.message == "5 more errors in this file not shown"
+    assert note.span.line == 3 + 3 * MAX_REPORTED_ERRORS  # where the first one not shown is
+    assert error.render().splitlines()[-1] == f"bad.rules:{note.span.line}:24: note: {note.message}"
+    assert error.error_count == MAX_REPORTED_ERRORS + 5
+
+
+@pytest.mark.parametrize(
+    ("dialect", "named", "not_named"),
+    [
+        ("mil", ["'%t -> const(val=as_dtype(0.0, dtype(%t)))'", "fill_like(ref_tensor=%v"], ["Constant("]),
+        ("onnx", ["'%t -> Constant(value=as_dtype(0.0, dtype(%t)))'", "ConstantOfShape(input=%s",
+                  "'%s = Shape(data=%v)'"], ["const(val"]),
+        ("zz", ["in MIL as in '%t -> const(val=", "in ONNX as in '%t -> Constant(value="], []),
+    ],
+)
+def test_a_constant_after_the_arrow_names_the_op_that_builds_one_in_the_dialect(dialect, named, not_named):
+    text = f'dialect {dialect}\nrule r "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> 0.0\n'
+    (diagnostic,) = _errors(text).diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (4, 17)
+    assert diagnostic.message.startswith("unexpected '0.0'; expected a name, a value such as %x. "
+                                         "A replacement is a value or an op, not a constant")
+    assert all(words in diagnostic.message for words in named), diagnostic.message
+    assert not any(words in diagnostic.message for words in not_named)
+    assert '"Replacing a value by a constant"' in diagnostic.message
+
+
+@pytest.mark.parametrize(("replacement", "written"), [
+    ("-1.5", "as_dtype(-1.5,"), ("[0, 1]", "as_dtype([0, 1],"), ("\n      2", "as_dtype(2,"),
+    ("zero_of(fp32)", "as_dtype(0.0,"),  # a builtin is no op either
+])
+def test_other_constants_after_the_arrow_get_the_hint_too(replacement, written):
+    text = f'dialect mil\nrule r "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> {replacement}\n'
+    (diagnostic,) = _errors(text).diagnostics
+    assert "A replacement is a value or an op, not a constant" in diagnostic.message
+    assert f"const(val={written}" in diagnostic.message
+
+
+def test_other_syntax_errors_get_no_such_hint():
+    text = 'dialect mil\nrule r "d"\n  match %t = tile(x=%x, reps=%r)\n  where rank(%x) == 1.0.0\n  rewrite %t -> %x\n'
+    assert "replacement" not in _errors(text).first.message
+    text = 'dialect mil\nrule r "d"\n  match %t = tile(x=%x, reps=%r)\n  rewrite %t -> tile(x=%x reps=%r)\n'
+    assert "replacement" not in _errors(text).first.message

@@ -4,6 +4,7 @@ also with the rule's own conditions taken away (the guard stands alone)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 from onnx_cases import FLOAT, counts, floats, initializer, model, node, run, tensor
@@ -165,3 +166,100 @@ def test_a_tile_with_more_repeats_than_axes_is_left_alone(tmp_path):
         assert statistics.fires == 0 and counts(built) == {"Tile": 1, "Add": 1}
     (after,) = ReferenceEvaluator(built).run(None, feeds)
     np.testing.assert_array_equal(expected, after)
+
+
+# ---------------------------------------------------------------- what a refusal says
+
+RECKLESS_CAST = 'dialect onnx\nrule drop_cast "drops any Cast"\n  match %c = Cast(input=%x)\n  rewrite %c -> %x\n'
+
+
+def _expand_into(consumer: str, x_shape, out_shape, target, opset=18, **attributes):
+    """Expand(x, target) into one `consumer` node (named after its type, lower case)."""
+    nodes = [node("Expand", ["x", "shape"], ["e"], name="widen"),
+             node(consumer, ["e"], ["out"], name=consumer.lower(), **attributes)]
+    return model(nodes, [tensor("x", FLOAT, x_shape)], [tensor("out", FLOAT, out_shape)],
+                 [initializer("shape", np.array(target))], opset=opset)
+
+
+def _cast_into_relu():
+    nodes = [node("Cast", ["x"], ["c"], name="cast", to=FLOAT), node("Relu", ["c"], ["out"], name="relu")]
+    return model(nodes, [tensor("x", helper.np_dtype_to_tensor_dtype(np.dtype(np.float16)), [2, 8])],
+                 [tensor("out", FLOAT, [2, 8])])
+
+
+# (model, its feeds, the reckless rules, what the refusal says). The consumers do not
+# broadcast, so no proof covers them: the refusal quotes the backend's shape inference.
+SAID = {
+    "a rank": (lambda: _expand_into("Relu", [], [2, 8], [2, 8]), {"x": floats()}, RECKLESS,
+               "consumer 'relu': output rank 2 would become 0"),
+    "a dim": (lambda: _expand_into("Relu", [2, 1], [2, 8], [2, 8]), {"x": floats(2, 1)}, RECKLESS,
+              "consumer 'relu' at axis 1: output dim 8 would become 1"),
+    "a dtype": (_cast_into_relu, {"x": floats(2, 8).astype(np.float16)}, RECKLESS_CAST,
+                "consumer 'relu': dtype fp32 would become fp16"),
+    # Max over the copies Expand made is the max over x: the inference gives the output its
+    # type unchanged, but it does not check operands, so it proves nothing, and the refusal says so.
+    "no proof": (lambda: _expand_into("ReduceMax", [1, 8], [8], [2, 8], opset=17, axes=[0], keepdims=0),
+                 {"x": floats(1, 8)}, RECKLESS,
+                 "consumer 'reducemax': its output types with operand data 'e' replaced by 'x' are not known "
+                 "(ReduceMax): the shape inference gives the same types, but it is written for valid graphs and "
+                 "does not check the new operand, so it proves nothing"),
+}
+
+
+def _refusals(text: str, built, tmp_path) -> tuple[rewrite.RuleSet, list[str]]:
+    """The rules of `text`, and what explain says the guard refused of them on `built`."""
+    from rewrite.backends.onnx import OnnxAdapter
+    from rewrite.engine.explain import explain
+    from rewrite.predicates import registered_predicates
+
+    path = tmp_path / "reckless.rules"
+    path.write_text(text)
+    rules = rewrite.load_rules(path)
+    explanations = explain(rules.rules, OnnxAdapter(built), registered_predicates())
+    return rules, [e.failed for e in explanations if not e.fired]
+
+
+@pytest.mark.parametrize("case", sorted(SAID))
+def test_a_refusal_names_what_would_change_or_why_it_is_not_known(case, tmp_path):
+    make, feeds, text, said = SAID[case]
+    built = make()
+    expected, before = run(built, feeds), counts(built)
+    rules, refused = _refusals(text, built, tmp_path)
+    assert refused == [said]
+    statistics = rules.apply(built)
+    assert statistics.fires == 0 and statistics.refused == 1 and counts(built) == before
+    for old, new in zip(expected, run(built, feeds)):
+        np.testing.assert_array_equal(old, new)
+    with pytest.raises(rewrite.UnsoundRewriteError, match="shape guard refused") as raised:
+        rules.apply(built, check_types=True)
+    assert said in str(raised.value)
+
+
+def test_a_consumer_of_another_domain_is_named_with_its_operand_and_why(tmp_path):
+    nodes = [node("Expand", ["x", "shape"], ["e"], name="widen"),
+             helper.make_node("Scale", ["e"], ["out"], name="scale", domain="com.acme")]
+    graph = helper.make_graph(nodes, "g", [tensor("x", FLOAT, [2, 1])], [tensor("out", FLOAT, [2, 8])],
+                              [initializer("shape", np.array([2, 8]))])
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.acme", 1)])
+    rules, refused = _refusals(RECKLESS, built, tmp_path)
+    assert refused == ["consumer 'scale': its output types with the operand 'e' replaced by 'x' are not "
+                       "known (com.acme.Scale): no type inference is known for the ops of the domain 'com.acme'"]
+    assert rules.apply(built).fires == 0 and counts(built) == {"Expand": 1, "Scale": 1}
+
+
+def test_a_consumer_with_subgraphs_is_named_with_why(tmp_path):
+    def branch(value: float) -> onnx.GraphProto:
+        constant = node("Constant", [], ["v"], value=initializer("c", np.array([value], dtype=np.float32)))
+        return helper.make_graph([constant], "branch", [], [tensor("v", FLOAT, [1])])
+
+    nodes = [node("Expand", ["flag", "shape"], ["e"], name="widen"),
+             node("If", ["e"], ["out"], name="choose", then_branch=branch(1.0), else_branch=branch(2.0))]
+    built = model(nodes, [tensor("flag", helper.np_dtype_to_tensor_dtype(np.dtype(bool)), [])],
+                  [tensor("out", FLOAT, [1])], [initializer("shape", np.array([1]))])
+    feeds = {"flag": np.array(True)}
+    expected = run(built, feeds)
+    rules, refused = _refusals(RECKLESS, built, tmp_path)
+    assert refused == ["consumer 'choose': its output types with operand cond 'e' replaced by 'flag' are not known "
+                       "(If): 'If' has subgraphs, which type its outputs and are not inferred again"]
+    assert rules.apply(built).fires == 0 and counts(built) == {"Expand": 1, "If": 1}
+    np.testing.assert_array_equal(run(built, feeds)[0], expected[0])

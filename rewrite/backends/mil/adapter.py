@@ -36,7 +36,7 @@ from rewrite.backends.mil.pymil import (
 )
 from rewrite.backends.mil.uses import MANY_USES, UseLists, replace_uses_in_block, truncate_uses
 from rewrite.engine import shape_values
-from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError
+from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError, TypesUnknown
 from rewrite.engine.logic import UNKNOWN, Symbol
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
@@ -936,7 +936,8 @@ class MilAdapter:
         """The (dtype, dims) of `op`'s outputs were `old` replaced by `new`, by the op's own
         type inference; None if it cannot say. The op is left as it was."""
         if op.blocks:
-            return None  # control flow types its outputs by its blocks, which do not change here
+            # Control flow types its outputs by its blocks, which a new operand does not retype here.
+            raise TypesUnknown(f"'{op.op_type}' types its outputs by its blocks, which this does not infer again")
         inputs = op._input_vars
         swapped = {
             name: (tuple(new if v is old else v for v in value) if isinstance(value, (list, tuple))

@@ -16,7 +16,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from sys import intern
 from typing import Any
@@ -27,7 +27,15 @@ from onnx import helper, numpy_helper
 
 from rewrite.backends.onnx import files as onnx_files
 from rewrite.backends.onnx import shapes as onnx_shapes
-from rewrite.engine.interfaces import InputSpec, ModelError, OpSignature, follow_unknown_dim
+from rewrite.engine.interfaces import (
+    InputSpec,
+    ModelError,
+    OperandRejected,
+    OpSignature,
+    TypesUnknown,
+    follow_unknown_dim,
+)
+from rewrite.engine.shapes import IncompatibleShapes
 
 DIALECT = "onnx"
 _FLOAT_DTYPES = frozenset({"fp16", "fp32", "fp64", "bf16"})
@@ -429,20 +437,42 @@ class OnnxAdapter:
             if attribute.name == name:
                 if attribute.type == onnx.AttributeProto.UNDEFINED:
                     raise OnnxError(f"{_label(op)}: attribute '{name}' has no type")
-                value = helper.get_attribute_value(attribute)
-                if isinstance(value, onnx.TensorProto):
-                    if self._left_on_disk(value):
-                        return None  # see `_left_on_disk`
-                    try:
-                        value = onnx_shapes.read_tensor(value, self.base_dir).tolist()
-                    except onnx_shapes.UnreadableTensor as error:
-                        raise OnnxError(f"{_label(op)}: attribute '{name}' cannot be read ({error})") from None
-                if isinstance(value, bytes):
-                    return value.decode("utf-8", "replace")
-                if isinstance(value, (list, tuple)):
-                    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
-                return value
+                return self._attribute_value(op, attribute)
         return None
+
+    def attribute_default(self, op: Node, name: str):
+        """The value the op's schema, at the version this model's opset gives
+        the op, says attribute `name` has where the node does not set it (the
+        `axis` of a Softmax: 1 before opset 13, -1 from 13); None where the
+        schema gives it none (it is required, or its default is prose)."""
+        domain = op.proto.domain
+        if domain in ("", "ai.onnx"):
+            opset = self.opset
+        else:
+            opset = next((o.version for o in self.model.opset_import if o.domain == domain), None)
+            if opset is None:
+                return None
+        schema = schema_at(op.proto.op_type, opset, "" if domain == "ai.onnx" else domain)
+        found = None if schema is None else schema.attributes.get(name)
+        if found is None or found.default_value.type == onnx.AttributeProto.UNDEFINED:
+            return None
+        return self._attribute_value(op, found.default_value)
+
+    def _attribute_value(self, op: Node, attribute: onnx.AttributeProto):
+        """An attribute as a rule reads it: a number, a string, a list, a tensor as a (nested) list."""
+        value = helper.get_attribute_value(attribute)
+        if isinstance(value, onnx.TensorProto):
+            if self._left_on_disk(value):
+                return None  # see `_left_on_disk`
+            try:
+                value = onnx_shapes.read_tensor(value, self.base_dir).tolist()
+            except onnx_shapes.UnreadableTensor as error:
+                raise OnnxError(f"{_label(op)}: attribute '{attribute.name}' cannot be read ({error})") from None
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        if isinstance(value, (list, tuple)):
+            return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+        return value
 
     # ---- values
 
@@ -506,6 +536,41 @@ class OnnxAdapter:
         if since is None or self.opset < since:
             return None
         return _present(op.inputs)
+
+    def inferred_output_types(self, op: Node, old: Value, new: Value) -> list:
+        """The (dtype, dims) the inference that typed the graph (`onnx_shapes`: its own
+        rules, else onnx's inference of the op at this opset) gives `op`'s outputs were
+        its operand `old` replaced by `new`; the node is left as it was. For the shape
+        guard's refusals to say what would change (`Adapter.inferred_output_types`):
+        no proof, since that inference is written for valid graphs and need not
+        refuse an operand the op does not take (Sum-6 of shapes that differ).
+
+        Raises `OperandRejected` for a new operand the op cannot combine with its
+        others (shapes that do not broadcast), and `TypesUnknown`, saying why,
+        where the inference cannot tell.
+        """
+        if op.blocks:
+            raise TypesUnknown(f"'{op.type}' has subgraphs, which type its outputs and are not inferred again")
+        if new.dtype is None:
+            raise TypesUnknown(f"the dtype of '{new.name}' is not known")
+        if new.shape is None:
+            raise TypesUnknown(f"the rank of '{new.name}' is not known")
+        if "." in op.type:
+            raise TypesUnknown(f"no type inference is known for the ops of the domain '{op.proto.domain}'")
+        inputs = op.inputs
+        # Swapped in for the inference only, which reads a node's inputs and writes nothing.
+        op.inputs = tuple(new if value is old else value for value in inputs)
+        try:
+            results = onnx_shapes.inferred_outputs(self, op)
+        except IncompatibleShapes as error:
+            raise OperandRejected(str(error) or "the shapes do not combine") from None
+        finally:
+            op.inputs = inputs
+        if results is None:
+            raise TypesUnknown(f"the inference of '{op.type}' at opset {self.opset} gives no type with it")
+        outputs = [value for value in op.outputs if value is not None]
+        found = [(dtype, None if shape is None else tuple(shape)) for shape, dtype in results[: len(outputs)]]
+        return found + [(None, None)] * (len(outputs) - len(found))  # outputs it says nothing of: unknown
 
     def unknown_dim_origin(self, value: Value, axis: int) -> Node | None:
         """The node whose shape inference (`onnx_shapes`) lost dim `axis` of `value`.
@@ -629,7 +694,7 @@ class OnnxAdapter:
         attributes = {}
         for key, operand in operands.items():
             if key in schema.attributes:
-                attributes[key] = operand
+                attributes[key] = attribute_operand(schema, key, operand, lambda key=key: self._fresh_name(key))
         for parameter in input_names:
             if parameter not in operands:
                 inputs.append("")
@@ -660,6 +725,7 @@ class OnnxAdapter:
             if where is None:
                 if key not in schema.attributes:
                     raise OnnxError(f"operator '{op.proto.op_type}' has no input or attribute '{key}'")
+                operand = attribute_operand(schema, key, operand, lambda key=key: self._fresh_name(key))
                 attributes[key] = helper.make_attribute(key, operand)
             elif isinstance(where, slice):
                 operands = operand if isinstance(operand, tuple) else (operand,)
@@ -954,6 +1020,20 @@ _SHORT = 8
 # A node with more inputs than this gets a position index at its first
 # operand replacement (see `Node.positions`).
 _WIDE = 16
+
+
+def attribute_operand(schema, key: str, operand, tensor_name: Callable[[], str]):
+    """A rule's value for attribute `key` of an op of `schema` as onnx's helper
+    takes it: a tensor attribute (`Constant(value=...)`,
+    `ConstantOfShape(value=...)`) gets a tensor of the number or list (named
+    by `tensor_name()`), a float64 one made fp32 as operands are; any other
+    attribute takes the value as it is."""
+    if schema.attributes[key].type != onnx.AttributeProto.TENSOR or isinstance(operand, onnx.TensorProto):
+        return operand
+    array = np.asarray(operand)
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    return numpy_helper.from_array(array, tensor_name())
 
 
 def _is_stored_constant(value: Value) -> bool:

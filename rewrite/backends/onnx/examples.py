@@ -8,7 +8,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rewrite.backends.onnx import shapes as onnx_shapes
-from rewrite.backends.onnx.adapter import OnnxError, schema_at
+from rewrite.backends.onnx.adapter import OnnxError, attribute_operand, schema_at
 from rewrite.engine.interfaces import NamedValue
 
 _EXAMPLE_OPSET = 18
@@ -49,7 +49,10 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: int
                     node_inputs.append(constant)
         while node_inputs and node_inputs[-1] == "":
             node_inputs.pop()
-        attributes = {key: value for key, value in operands.items() if key in schema.attributes}
+        attributes = {
+            key: attribute_operand(schema, key, value, lambda key=key, name=name: f"{name}_{key}")
+            for key, value in operands.items() if key in schema.attributes
+        }
         nodes.append(helper.make_node(op_type, node_inputs, [name], name=name, **attributes))
     flat = nodes
     if nested_by is not None:

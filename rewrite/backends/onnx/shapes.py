@@ -207,18 +207,10 @@ def infer(adapter: OnnxAdapter, graph: Graph) -> None:
 def infer_node(adapter: OnnxAdapter, node: Node) -> None:
     """Infer one node's outputs from its inputs; keep what declarations add."""
     op_type = node.type  # carries its domain unless it is the default one
-    rule = _RULES.get(op_type)
-    results = None
-    if rule is not None:
-        try:
-            results = rule(adapter, node)
-        except dims.IncompatibleShapes:
-            results = None
-        except _MALFORMED:
-            results = None  # a malformed node; its shapes stay unknown
-    elif "." not in op_type:
-        # Every other op of the default domain: onnx's own inference for it.
-        results = _fallback(adapter, node)
+    try:
+        results = inferred_outputs(adapter, node)
+    except dims.IncompatibleShapes:
+        results = None
     outputs = node.outputs
     if None in outputs:
         outputs = tuple(v for v in outputs if v is not None)
@@ -240,6 +232,24 @@ def infer_node(adapter: OnnxAdapter, node: Node) -> None:
                 outputs[0].contents = contents(adapter, node)
             except _MALFORMED:
                 outputs[0].contents = None
+
+
+def inferred_outputs(adapter: OnnxAdapter, node: Node) -> list | None:
+    """(shape, dtype) of each output `node` has, from its inputs as they are,
+    by the rules here or onnx's own inference; None where neither says, and
+    nothing is written. Raises `dims.IncompatibleShapes` for inputs whose
+    shapes the op cannot combine (operands that do not broadcast)."""
+    op_type = node.type  # carries its domain unless it is the default one
+    rule = _RULES.get(op_type)
+    if rule is not None:
+        try:
+            return rule(adapter, node)
+        except _MALFORMED:
+            return None  # a malformed node; its shapes stay unknown
+    if "." not in op_type:
+        # Every other op of the default domain: onnx's own inference for it.
+        return _fallback(adapter, node)
+    return None
 
 
 # What a rule meets in a node that breaks its schema (an axis out of range,
