@@ -3,7 +3,6 @@ through the axes `onnx_shapes` maps, MIL's walk, and `explain` naming it."""
 
 from __future__ import annotations
 
-import pytest
 from onnx import TensorProto, helper
 
 import rewrite
@@ -136,7 +135,6 @@ def test_explain_names_no_node_where_the_dims_are_known():
 
 
 def test_mil_walks_to_the_op_that_lost_the_dim(monkeypatch):
-    pytest.importorskip("coremltools")
     from coremltools.converters.mil import Builder as mb
 
     from rewrite.backends.mil import MilAdapter

@@ -13,9 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch  # noqa: E402 - `.[test]` installs it: a missing one must fail, not skip
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 

@@ -4,7 +4,7 @@
 `convert` runs none of coremltools' MIL passes (it only builds the program
 with the MIL builder), so the tiles a converter emits for broadcasts are all
 still there. Requires jax and stablehlo_coreml; import this module only after
-`pytest.importorskip` of both.
+importing both (which `.[test]` installs).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the backend (`mlprogram`) pipeline. Applying the pipeline here, one pass at a
 time, tells which pass failed when one does.
 
 Used by bench/parity_stablehlo.py (which puts this folder on sys.path) and
-meant for pytest tests. Import only after `pytest.importorskip` of jax and
+meant for pytest tests. Import only after importing jax and
 stablehlo_coreml.
 """
 

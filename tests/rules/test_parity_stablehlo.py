@@ -22,11 +22,9 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+import jax  # noqa: E402,F401 - `.[test]` installs it: a missing one must fail, not skip
 import pytest
-
-pytest.importorskip("jax")
-pytest.importorskip("stablehlo_coreml")
-
+import stablehlo_coreml  # noqa: E402,F401
 from coremltools.converters.mil.mil.passes import pass_pipeline as ct_pass_pipeline  # noqa: E402
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
 from jax_programs import FUNCTIONS, converted, modes  # noqa: E402

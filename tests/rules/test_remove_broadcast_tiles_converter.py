@@ -7,12 +7,10 @@ tiles the converter emits for `keepdims` broadcasts must still all go.
 
 from __future__ import annotations
 
+import jax  # noqa: E402,F401 - `.[test]` installs it: a missing one must fail, not skip
 import numpy as np
 import pytest
-
-pytest.importorskip("jax")
-pytest.importorskip("stablehlo_coreml")
-
+import stablehlo_coreml  # noqa: E402,F401
 from jax_programs import concrete_arguments, converted, feed, jax_result  # noqa: E402
 from mil_cases import RULE, SIZES, ops_of_type, rewrite_and_compare  # noqa: E402
 

@@ -21,9 +21,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch  # noqa: E402 - `.[test]` installs it: a missing one must fail, not skip
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
 from coremltools.converters.mil.mil.scope import ScopeSource  # noqa: E402
 from torch import nn  # noqa: E402

@@ -21,9 +21,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch  # noqa: E402 - `.[test]` installs it: a missing one must fail, not skip
 import torch.nn.functional as F  # noqa: E402
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
 from torch import nn  # noqa: E402
@@ -795,10 +793,10 @@ def test_flexible_programs_are_their_static_twins_but_for_the_mask(name):
 
 @pytest.fixture(scope="module")
 def jax_side():
-    pytest.importorskip("jax")
-    pytest.importorskip("stablehlo_coreml")
+    import jax  # noqa: F401 - `.[test]` installs both: a missing one must fail, not skip
     import jax_programs
     import parity
+    import stablehlo_coreml  # noqa: F401
 
     return jax_programs, parity
 
