@@ -11,6 +11,7 @@ from typing import Any
 
 from rewrite import backends, resources
 from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Progress, Statistics
+from rewrite.engine.interfaces import Capability, optional
 from rewrite.engine.steps import Steps
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic
@@ -67,7 +68,7 @@ class RuleSet:
                     steps=steps,
                 )
             finally:
-                release = getattr(adapter, "release", None)  # an index of its own, now done with
+                release = optional(adapter, Capability.RELEASE)  # an index of its own, now done with
                 if release is not None:
                     release()
 

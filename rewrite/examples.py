@@ -136,11 +136,16 @@ def _operand(expr) -> Any:
     return _plain(_constants().value(expr, {}), expr)
 
 
+class _NoProgram:
+    """The adapter of no program: example operands are graph-free (the checker sees to it)."""
+
+    dialect = ""
+    capabilities: frozenset = frozenset()
+
+
 @functools.lru_cache(maxsize=1)
 def _constants() -> Conditions:
-    # The checker lets only graph-free expressions into example operands, so
-    # the conditions that compute them need no program.
-    return Conditions(None, None, {})
+    return Conditions(_NoProgram(), None, {})
 
 
 def _plain(value, expr) -> Any:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rewrite.engine.interfaces import Adapter, use_counter
+from rewrite.engine.interfaces import Adapter, Capability, optional, use_counter
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal
 from rewrite.engine.matcher import ABSENT
 from rewrite.engine.operands import OperandsExcept
@@ -107,7 +107,7 @@ def _shape(adapter: Adapter, value):
 def _proven(adapter: Adapter, value, shape):
     """`shape`, or where it has a dim that is no literal, what the adapter can
     prove about it by following shape arithmetic (asked only then: it costs more)."""
-    prove = getattr(adapter, "proven_shape", None)
+    prove = optional(adapter, Capability.SHAPE_PROOFS)
     if prove is None or (shape is not None and all(is_literal(d) for d in shape)):
         return shape
     return prove(value)
@@ -256,7 +256,7 @@ def _broadcasts(adapter, value):
     op = adapter.producer(value) if value is not None and value is not UNKNOWN else None
     if op is None:
         return Truth.NO
-    broadcast_operands = getattr(adapter, "broadcast_operands", None)
+    broadcast_operands = optional(adapter, Capability.BROADCASTING)
     if broadcast_operands is None:
         return Truth.UNKNOWN
     return Truth.of(broadcast_operands(op) is not None)
@@ -275,7 +275,7 @@ def _attribute(adapter, value, name, default=None):
         return UNKNOWN
     found = adapter.attribute(op, name)
     if found is None:
-        schema_default = getattr(adapter, "attribute_default", None)
+        schema_default = optional(adapter, Capability.ATTRIBUTE_DEFAULTS)
         if schema_default is not None:
             found = schema_default(op, name)
     if found is None:
@@ -454,7 +454,7 @@ def _abs(adapter, x):
 
 
 def _available(adapter, op_type):
-    check = getattr(adapter, "op_available", None)
+    check = optional(adapter, Capability.TARGETS)
     if check is None or not isinstance(op_type, str):
         return Truth.UNKNOWN
     found = check(op_type)
@@ -546,7 +546,7 @@ def _uniform(adapter, value):
         if flat.size == 0 or flat.dtype.kind not in "biuf" or not (flat == flat[0]).all():
             return UNKNOWN
         return flat[0].item() if flat.dtype.kind != "b" else int(flat[0])
-    fill_value = getattr(adapter, "fill_value", None)
+    fill_value = optional(adapter, Capability.FILLS)
     found = fill_value(value) if fill_value is not None else None
     return UNKNOWN if found is None else found
 
@@ -556,7 +556,7 @@ def _scaling_chain(adapter, value):
 
     Each step below the top must have no other use, so the chain can fold away.
     """
-    scaling = getattr(adapter, "scaling", None)
+    scaling = optional(adapter, Capability.SCALINGS)
     count_uses = use_counter(adapter)
     factor = 1.0
     current = value
@@ -581,7 +581,7 @@ def _value_bounds(adapter, value) -> tuple:
     """
     if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple)):
         return None, None
-    proved = getattr(adapter, "value_bounds", None)
+    proved = optional(adapter, Capability.VALUE_BOUNDS)
     if proved is not None:
         return proved(value)
     constant = adapter.constant(value)
@@ -609,7 +609,7 @@ def _elements(adapter, value):
     slices, gathers, concats and arithmetic of dims: numbers and symbols)."""
     if value is None or value is UNKNOWN or value is ABSENT or isinstance(value, (list, tuple, OperandsExcept)):
         return UNKNOWN
-    follow = getattr(adapter, "shape_value", None)
+    follow = optional(adapter, Capability.SHAPE_VALUES)
     items = follow(value) if follow is not None else None
     if items is not None:
         return list(items)
@@ -623,7 +623,7 @@ def _elements(adapter, value):
 
 
 def _dim_source(adapter, dim):
-    find = getattr(adapter, "dim_source", None)
+    find = optional(adapter, Capability.DIM_SOURCES)
     if find is None or not isinstance(dim, Symbol):
         return None
     return find(dim)

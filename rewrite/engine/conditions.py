@@ -56,7 +56,7 @@ from rewrite.engine.builtins import (
     _rank,
     _right_dim,
 )
-from rewrite.engine.interfaces import Adapter, use_counter, uses_versioner
+from rewrite.engine.interfaces import Adapter, Capability, has, use_counter, uses_versioner
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
@@ -1055,7 +1055,7 @@ class Conditions:
         """`broadcasts(%u)`, read from the record of a wide op: asked once of the
         adapter, whose answer lists every operand."""
         table, adapter = self.table, self.adapter
-        if getattr(adapter, "broadcast_operands", None) is None:
+        if not has(adapter, Capability.BROADCASTING):
             return general  # unknown, the builtin says
         builtin = builtins.function_of("broadcasts")
 

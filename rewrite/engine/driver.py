@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rewrite.engine.conditions import Conditions, Failure, Tracer, lazy_rests
 from rewrite.engine.guard import Refusal
-from rewrite.engine.interfaces import Adapter, Block, Op, TypeChangedError
+from rewrite.engine.interfaces import Adapter, Block, Capability, Op, TypeChangedError, optional
 from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import MATCH_BUDGET, Budget, MatchBudgetExceeded, Matcher
 from rewrite.engine.operands import OperandTable
@@ -153,7 +153,7 @@ class Driver:
             raise ValueError(f"max_sweeps must be at least 1, not {max_sweeps}")
         self.adapter = adapter
         # Counting walks a program the adapter may not index (MIL): only on request.
-        self._count_ops = getattr(adapter, "count_ops", None) if count_ops else None
+        self._count_ops = optional(adapter, Capability.COUNT_OPS) if count_ops else None
         self.progress = progress
         self._visited = 0
         self.max_sweeps = max_sweeps

@@ -33,7 +33,7 @@ import numpy as np
 from rewrite.engine import builtins
 from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import Driver
-from rewrite.engine.interfaces import Adapter
+from rewrite.engine.interfaces import Adapter, Capability, optional
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import Mismatch
 from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
@@ -367,7 +367,7 @@ class _Explainer:
 
     def _unknown_dim_origins(self, expr, env: dict) -> tuple[str, ...]:
         """For each dim read in `expr` that is unknown, the op whose shape inference lost it."""
-        origin_of = getattr(self.adapter, "unknown_dim_origin", None)
+        origin_of = optional(self.adapter, Capability.UNKNOWN_DIM_ORIGINS)
         if origin_of is None:
             return ()
         found: list[str] = []

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rewrite.engine.interfaces import Adapter, Op, OperandRejected, TypesUnknown, Value
+from rewrite.engine.interfaces import Adapter, Capability, Op, OperandRejected, TypesUnknown, Value, optional
 from rewrite.engine.logic import UNKNOWN, Truth, equal, proved_equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
 
@@ -66,11 +66,11 @@ class ShapeGuard:
     def __init__(self, adapter: Adapter, table: OperandTable | None = None):
         self.adapter = adapter
         self.table = table
-        self._broadcast_operands = getattr(adapter, "broadcast_operands", None)
-        self._output_types_with = getattr(adapter, "output_types_with", None)
-        self._inferred_output_types = getattr(adapter, "inferred_output_types", None)
-        self._proven = getattr(adapter, "proven_shape", None)
-        self._stated = getattr(adapter, "stated_shape", None)
+        self._broadcast_operands = optional(adapter, Capability.BROADCASTING)
+        self._output_types_with = optional(adapter, Capability.TYPE_INFERENCE)
+        self._inferred_output_types = optional(adapter, Capability.INFERRED_TYPES)
+        self._proven = optional(adapter, Capability.SHAPE_PROOFS)
+        self._stated = optional(adapter, Capability.STATED_SHAPES)
         self._proving = False
 
     def check(self, old: Value, new: Value, consumers: Sequence[Op] | None = None) -> Refusal | None:

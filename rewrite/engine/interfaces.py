@@ -3,10 +3,18 @@
 A backend implements `Adapter` over its own objects. The engine treats ops,
 values and blocks as opaque handles: it only hashes them, compares them with
 `==`, and passes them back to the adapter.
+
+The contract has a core every adapter implements and optional parts, each a
+`Capability` an adapter declares in its `capabilities` (data, never found
+out by probing for methods). The engine calls an optional method only when
+its capability is declared, and otherwise does without: a third backend is
+written from this module alone, starting with `capabilities = frozenset()`.
+`missing_methods` says what a declared capability still lacks.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,10 +98,64 @@ class OpSchema(Protocol):
         """Every op type of the dialect (for "did you mean" hints)."""
 
 
+class Capability(enum.Enum):
+    """An optional part of the `Adapter` contract, and the methods it brings.
+
+    What the engine does without each: it lists consumers to count uses
+    (USE_INDEX); keeps no verdict about uses between anchors (USES_VERSION);
+    takes no op as broadcasting (BROADCASTING); proves consumers' types only by
+    the broadcast algebra and same-type replacements (TYPE_INFERENCE), and
+    quotes no inference in refusals (INFERRED_TYPES); reads every dim as the
+    IR states it (SHAPE_PROOFS, STATED_SHAPES); knows no element of a value
+    computed from shapes (SHAPE_VALUES), no input a symbol comes from
+    (DIM_SOURCES), no bound of an integer value but a constant's
+    (VALUE_BOUNDS), no fill's number (FILLS), no scaling by a constant
+    (SCALINGS), no op the target lacks (TARGETS), no attribute default
+    (ATTRIBUTE_DEFAULTS); builds an op's type afresh from its operands instead
+    of copying it (REBUILD); names no op that lost a dim (UNKNOWN_DIM_ORIGINS);
+    counts no ops for the statistics (COUNT_OPS); and releases nothing (RELEASE).
+    """
+
+    USE_INDEX = ("has_uses", "use_count")
+    USES_VERSION = ("uses_version",)
+    BROADCASTING = ("broadcast_operands",)
+    TYPE_INFERENCE = ("output_types_with",)
+    INFERRED_TYPES = ("inferred_output_types",)
+    STATED_SHAPES = ("stated_shape",)
+    SHAPE_PROOFS = ("proven_shape",)
+    SHAPE_VALUES = ("shape_value",)
+    DIM_SOURCES = ("dim_source",)
+    VALUE_BOUNDS = ("value_bounds",)
+    FILLS = ("fill_value",)
+    SCALINGS = ("scaling",)
+    TARGETS = ("op_available",)
+    ATTRIBUTE_DEFAULTS = ("attribute_default",)
+    REBUILD = ("rebuild",)
+    UNKNOWN_DIM_ORIGINS = ("unknown_dim_origin",)
+    COUNT_OPS = ("count_ops",)
+    RELEASE = ("release",)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return self.value
+
+
+def missing_methods(adapter: Any) -> list[str]:
+    """The methods a declared capability brings that `adapter` does not have (for a backend's tests)."""
+    return [name for capability in adapter.capabilities for name in capability.methods
+            if not callable(getattr(adapter, name, None))]
+
+
 class Adapter(Protocol):
-    """The engine's view of one program in some IR."""
+    """The engine's view of one program in some IR.
+
+    The methods marked "Optional" belong to a `Capability`: an adapter that
+    declares it in `capabilities` implements them, and one that does not
+    need not have them.
+    """
 
     dialect: str
+    capabilities: frozenset[Capability]
 
     # ---- structure
 
@@ -223,6 +285,19 @@ class Adapter(Protocol):
         graphs): the shape guard quotes it in a refusal, to say what would change.
         Raises `OperandRejected` and `TypesUnknown` as `output_types_with` does."""
 
+    def value_bounds(self, value: Value) -> tuple[int | None, int | None]:
+        """Optional. The least and greatest element of an integer or bool value,
+        each None where not proved; the builtins `lower_bound` and `upper_bound`
+        read it (without it only a constant has bounds)."""
+
+    def fill_value(self, value: Value) -> float | None:
+        """Optional. The one number a value made by a fill op holds everywhere
+        (Core ML's `fill`); None if it is no such value. `uniform` reads it."""
+
+    def scaling(self, op: Op) -> tuple[Value, float] | None:
+        """Optional. (x, k) where `op` computes k·x for a finite constant k that
+        cannot widen x; `unscaled` and `scale_of` walk chains of these."""
+
     def op_available(self, op_type: str) -> bool | None:
         """Optional. Whether new ops of `op_type` may be built in this program
         (its opset or deployment target has them); None if it cannot tell."""
@@ -276,27 +351,30 @@ class Adapter(Protocol):
 # ---------------------------------------------------------------- helpers for the engine
 
 
+def has(adapter: Adapter, capability: Capability) -> bool:
+    """Whether `adapter` declares `capability`."""
+    return capability in adapter.capabilities
+
+
 def uses_checker(adapter: Adapter) -> Callable[[Value], bool]:
-    """`adapter.has_uses`, or the same answer from `consumers` for an adapter without it.
+    """`adapter.has_uses`, or the same answer from `consumers` for an adapter without a use index.
 
     The fallback lists the consumers, so it costs as many as the value has:
-    an adapter over an IR that keeps its uses should say `has_uses` itself.
+    an adapter over an IR that keeps its uses should have `USE_INDEX`.
     """
-    has_uses = getattr(adapter, "has_uses", None)
-    if has_uses is not None:
-        return has_uses
+    if has(adapter, Capability.USE_INDEX):
+        return adapter.has_uses
     consumers, is_block_output = adapter.consumers, adapter.is_block_output
     return lambda value: bool(consumers(value)) or is_block_output(value)
 
 
 def use_counter(adapter: Adapter) -> Callable[..., int]:
-    """`adapter.use_count`, or the same answer from `consumers` for an adapter without it.
+    """`adapter.use_count`, or the same answer from `consumers` for an adapter without a use index.
 
     The fallback lists the consumers, so it costs as many as the value has.
     """
-    use_count = getattr(adapter, "use_count", None)
-    if use_count is not None:
-        return use_count
+    if has(adapter, Capability.USE_INDEX):
+        return adapter.use_count
     consumers = adapter.consumers
 
     def count(value: Value, limit: int | None = None) -> int:
@@ -307,9 +385,15 @@ def use_counter(adapter: Adapter) -> Callable[..., int]:
 
 
 def uses_versioner(adapter: Adapter) -> Callable[[Value], int] | None:
-    """`adapter.uses_version`, or None for an adapter without it: then nothing
-    about a value's uses is kept from one anchor to the next."""
-    return getattr(adapter, "uses_version", None)
+    """`adapter.uses_version`, or None for an adapter without `USES_VERSION`: then
+    nothing about a value's uses is kept from one anchor to the next."""
+    return adapter.uses_version if has(adapter, Capability.USES_VERSION) else None
+
+
+def optional(adapter: Adapter, capability: Capability) -> Callable | None:
+    """The one method `capability` brings, if `adapter` declares it; else None."""
+    (name,) = capability.methods
+    return getattr(adapter, name) if has(adapter, capability) else None
 
 
 # ---------------------------------------------------------------- helpers for adapters
@@ -338,7 +422,7 @@ def follow_unknown_dim(adapter: Adapter, value: Value, axis: int, carried: AxisM
     if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] is not UNKNOWN:
         return None
     position: int | None = axis % len(shape)
-    broadcast = getattr(adapter, "broadcast_operands", None)
+    broadcast = optional(adapter, Capability.BROADCASTING)
     for _ in range(_MAX_STEPS):
         op = adapter.producer(value)
         if op is None:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain, islice
 from typing import Any
 
-from rewrite.engine.interfaces import Adapter, Op, Value
+from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional
 from rewrite.engine.logic import UNKNOWN, Symbol
 
 # Ops with more operands than this get a record; below it, walking the
@@ -324,7 +324,7 @@ class OperandTable:
         (`broadcast_operands` is not None), and whether it lists every operand;
         asked once per op: which slots broadcast does not change with what is in them."""
         if record.broadcast is None:
-            operands = getattr(self.adapter, "broadcast_operands", None)
+            operands = optional(self.adapter, Capability.BROADCASTING)
             listed = operands(record.op) if operands is not None else None
             record.broadcast = (
                 listed is not None,

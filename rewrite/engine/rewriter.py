@@ -9,7 +9,7 @@ from typing import Any
 
 from rewrite.engine.conditions import Conditions, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
-from rewrite.engine.interfaces import Adapter, Op, Value, uses_checker
+from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional, uses_checker
 from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.engine.operands import OperandTable
@@ -216,7 +216,7 @@ class Rewriter:
         self.uses = conditions.use_verdicts
         self.guard = ShapeGuard(adapter, table)
         self._serial = itertools.count()
-        self._op_available = getattr(adapter, "op_available", None)
+        self._op_available = optional(adapter, Capability.TARGETS)
         self._available: dict[str, bool] = {}  # by op type: the target does not change during a run
 
     def apply(self, rule: ast.Rule, env: Environment, anchor: Op) -> list[Op]:
@@ -382,7 +382,7 @@ class Rewriter:
 
     def _rebuild(self, rule, rebuild: ast.Rebuild, env, anchor):
         op = self.adapter.producer(env[rebuild.var])
-        copy = getattr(self.adapter, "rebuild", None)
+        copy = optional(self.adapter, Capability.REBUILD)
         changes = self._arguments(rebuild.arguments, env)
         try:
             if copy is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rewrite.engine.explain import explain, format_text
-from rewrite.engine.interfaces import follow_unknown_dim
+from rewrite.engine.interfaces import Capability, follow_unknown_dim
 from tests.engine.toy_ir import Graph, ToyAdapter, load_toy_rules
 
 # In the toy IR a dim of None is unknown.
@@ -38,6 +38,8 @@ rule whole_shape "an engine test: reads the whole shape"
 
 class ProvenanceAdapter(ToyAdapter):
     """The toy adapter with the optional method, as a backend would add it."""
+
+    capabilities = ToyAdapter.capabilities | {Capability.UNKNOWN_DIM_ORIGINS}
 
     def unknown_dim_origin(self, value, axis):
         return follow_unknown_dim(self, value, axis)

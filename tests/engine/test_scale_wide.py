@@ -31,6 +31,7 @@ from rewrite.engine.builtins import _one_use, _use_count
 from rewrite.engine.conditions import lazy_rests
 from rewrite.engine.driver import Driver
 from rewrite.engine.guard import ShapeGuard
+from rewrite.engine.interfaces import Capability
 from rewrite.engine.logic import Truth
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable, Shapes
 from rewrite.predicates import registered_predicates
@@ -310,6 +311,7 @@ def test_the_guard_reads_the_same_verdicts_from_the_summary(proving, unknown_ran
             return None if shape is None else tuple(HIDDEN if str(dim) == "w" else dim for dim in shape)
 
         adapter.proven_shape = proven_shape
+        adapter.capabilities = adapter.capabilities | {Capability.SHAPE_PROOFS}
     table = OperandTable(adapter)
     sum_node = adapter.main.nodes[-1]
     olds = [node.outputs[0] for node in adapter.main.nodes if node.type == "Expand"][:5]

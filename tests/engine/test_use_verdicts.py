@@ -142,8 +142,8 @@ def test_only_bodies_that_read_the_use_alone_are_kept():
                  'every use %v of %u: op_type(%v) == "Neg"'):
         assert not verdicts.keeps(_every_use(body)), body
 
-    class Plain:  # an adapter without uses_version keeps nothing
-        pass
+    class Plain:  # an adapter without USES_VERSION keeps nothing
+        capabilities = frozenset()
 
     assert not UseVerdicts(Plain()).keeps(_every_use('op_type(%u) == "Reshape"'))
 

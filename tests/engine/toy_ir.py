@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rewrite.api import RuleSet
-from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.engine.interfaces import Capability, InputSpec, OpSignature
 from rewrite.engine.logic import UNKNOWN, Symbol
 from rewrite.language.loader import load_rule_files
 from rewrite.predicates import registered_predicates
@@ -122,6 +122,7 @@ def _flat(values):
 
 class ToyAdapter:
     dialect = "toy"
+    capabilities = frozenset({Capability.BROADCASTING})
 
     def __init__(self, graph: Graph):
         self.graph = graph

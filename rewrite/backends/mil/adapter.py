@@ -36,7 +36,14 @@ from rewrite.backends.mil.pymil import (
 )
 from rewrite.backends.mil.uses import MANY_USES, UseLists, replace_uses_in_block, truncate_uses
 from rewrite.engine import shape_values
-from rewrite.engine.interfaces import InputSpec, OperandRejected, OpSignature, TypeChangedError, TypesUnknown
+from rewrite.engine.interfaces import (
+    Capability,
+    InputSpec,
+    OperandRejected,
+    OpSignature,
+    TypeChangedError,
+    TypesUnknown,
+)
 from rewrite.engine.logic import UNKNOWN, Symbol
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
@@ -183,6 +190,12 @@ class MilAdapter:
     """The engine's view of a pymil `Program`, rewritten in place."""
 
     dialect = DIALECT
+    capabilities = frozenset({
+        Capability.USE_INDEX, Capability.USES_VERSION, Capability.BROADCASTING, Capability.TYPE_INFERENCE,
+        Capability.STATED_SHAPES, Capability.SHAPE_PROOFS, Capability.SHAPE_VALUES, Capability.DIM_SOURCES,
+        Capability.VALUE_BOUNDS, Capability.FILLS, Capability.SCALINGS, Capability.TARGETS,
+        Capability.UNKNOWN_DIM_ORIGINS, Capability.COUNT_OPS,
+    })
 
     def __init__(self, program: Program, check_types: bool = False):
         """`check_types`: after each replacement, re-infer the consumers and

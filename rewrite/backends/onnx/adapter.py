@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from rewrite.backends.onnx import files as onnx_files
 from rewrite.backends.onnx import shapes as onnx_shapes
 from rewrite.engine.interfaces import (
+    Capability,
     InputSpec,
     ModelError,
     OperandRejected,
@@ -213,6 +214,11 @@ class OnnxAdapter:
     """The engine's view of an `onnx.ModelProto`, rewritten in place."""
 
     dialect = DIALECT
+    capabilities = frozenset({
+        Capability.USE_INDEX, Capability.USES_VERSION, Capability.BROADCASTING, Capability.INFERRED_TYPES,
+        Capability.SHAPE_VALUES, Capability.SCALINGS, Capability.TARGETS, Capability.ATTRIBUTE_DEFAULTS,
+        Capability.REBUILD, Capability.UNKNOWN_DIM_ORIGINS, Capability.COUNT_OPS, Capability.RELEASE,
+    })
 
     def __init__(
         self, model: onnx.ModelProto, base_dir: str | None = None, *, overridable_initializers: bool | None = None
