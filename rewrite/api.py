@@ -48,6 +48,7 @@ class RuleSet:
         progress: Progress | None = None,
         count_ops: bool = False,
         steps: Steps | None = None,
+        source: Any = None,
     ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
@@ -58,10 +59,12 @@ class RuleSet:
         rule (slower; for developing and testing rules). With `count_ops`,
         the statistics carry `ops_before` and `ops_after` (nested blocks
         included). `steps` records each rewrite by its rule's name, and
-        stops the run at its limit (see `rewrite.engine.steps`).
+        stops the run at its limit (see `rewrite.engine.steps`). For an ONNX
+        model read by `rewrite.backends.onnx.files.read_onnx` with its
+        external data left on disk, `source` (what it returned) says where.
         """
         with paused_garbage_collection():
-            adapter = backends.adapter_for(program, check_types=check_types)
+            adapter = backends.adapter_for(program, check_types=check_types, source=source)
             try:
                 return self.apply_with(
                     adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops, check_types=check_types,

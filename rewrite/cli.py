@@ -256,9 +256,10 @@ class _Model:
 
     def reread(self):
         """The ONNX model as its file holds it, and the folder of its external data (left there)."""
-        from rewrite.backends.onnx.files import read_onnx_untracked
+        from rewrite.backends.onnx.files import read_onnx
 
-        return read_onnx_untracked(self.path)
+        model, source = read_onnx(self.path)
+        return model, source.base_dir
 
     def files(self) -> list[Path]:
         """Every file the input consists of (a package's whole tree), the input's own path first."""
@@ -296,7 +297,8 @@ class _Model:
             if Path(os.path.realpath(p)) not in keep and p.name != data_name
             and Path(os.path.realpath(p)).parent == target.path.parent
         ]
-        output.publish(target, lambda path: write_onnx(self.program, path, data_name), obsolete=obsolete)
+        output.publish(target, lambda path: write_onnx(self.program, path, data_name, self.source),
+                       obsolete=obsolete)
 
 
 def _test(arguments) -> int:
@@ -365,7 +367,7 @@ def _explain(arguments) -> int:
     from rewrite.predicates import registered_predicates
 
     try:
-        adapter = backends.adapter_for(model.program)
+        adapter = backends.adapter_for(model.program, source=model.source if model.format == "onnx" else None)
         explanations = explain(
             rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op
         )
@@ -461,7 +463,7 @@ def _apply(arguments) -> int:
                 only_rules = {} if library else {
                     "fold": False, "prune_dead": False, "constants_as_initializers": False, "max_rounds": 1}
                 result = optimize(model.program, arguments.opset, rules=rule_set, progress=bar,
-                                  check_types=arguments.check_types, original=model.reread,
+                                  check_types=arguments.check_types, original=model.reread, source=model.source,
                                   overridable_initializers=True if arguments.overridable_initializers else None,
                                   **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
                                   **only_rules)

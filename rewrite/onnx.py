@@ -243,6 +243,7 @@ def optimize(
     overridable_initializers: bool | None = None,
     validate: bool = True,
     original: Callable[[], tuple[onnx.ModelProto, str | None]] | None = None,
+    source: onnx_files.OnnxSource | None = None,
     **apply_options,
 ) -> OptimizeResult:
     """Clean up an `onnx.ModelProto` in place with folding, the rules and pruning; see the module docstring.
@@ -265,19 +266,23 @@ def optimize(
     replays the run from a copy of the model, taken before it starts (or
     from `original()`, which returns the input again with the folder of its
     external data, if cheaper: the CLI reads its file again).
+
+    A model `read_onnx` read with its external data left on disk reads its
+    tensors from where `source` (what `read_onnx` returned) says.
     """
+    base_dir = None if source is None else source.base_dir
     plan = _Plan(opset, rules if rules is not None else _shipped_rules(), fold, prune_dead, fold_limit_bytes,
                  max_rounds, constants_as_initializers, overridable_initializers, apply_options)
     if not validate:
-        return plan.run(model, onnx_files.base_dir_of(model), None)
+        return plan.run(model, base_dir, None)
     if original is None:
-        snapshot, snapshot_dir = _copy(model), onnx_files.base_dir_of(model)
+        snapshot, snapshot_dir = _copy(model), base_dir
 
         def original() -> tuple[onnx.ModelProto, str | None]:
             return _copy(snapshot), snapshot_dir
 
     steps = Steps()
-    result = plan.run(model, onnx_files.base_dir_of(model), steps)
+    result = plan.run(model, base_dir, steps)
     if not steps.taken:
         return result  # the model is the one given
     found = validation.problem(model)

@@ -53,8 +53,9 @@ def schema_for(dialect: str):
     return schema
 
 
-def adapter_for(program: Any, *, check_types: bool = False):
-    """An adapter over `program`, chosen by its type."""
+def adapter_for(program: Any, *, check_types: bool = False, source: Any = None):
+    """An adapter over `program`, chosen by its type; `source` is where a lazily read
+    ONNX model's external tensors are (the `OnnxSource` `read_onnx` returned)."""
     kind = type(program)
     if kind.__module__.startswith("coremltools"):
         from rewrite.backends.mil import MilAdapter, Program
@@ -63,11 +64,10 @@ def adapter_for(program: Any, *, check_types: bool = False):
             return MilAdapter(program, check_types=check_types)
     if kind.__name__ == "ModelProto" and kind.__module__.startswith("onnx"):
         from rewrite.backends.onnx import OnnxAdapter
-        from rewrite.backends.onnx import files as onnx_files
 
         # A model `read_onnx` loaded leaves its external tensors on disk,
         # beside the file: constants are read from there when asked for.
-        return OnnxAdapter(program, onnx_files.base_dir_of(program))
+        return OnnxAdapter(program, None if source is None else source.base_dir)
     raise TypeError(f"no backend for a {kind.__module__}.{kind.__name__}")
 
 

@@ -79,18 +79,18 @@ def test_read_leaves_every_external_tensor_on_disk(tmp_path):
     source = save_external(model_with_weights(), tmp_path / "m.onnx")
     model, origin = onnx_files.read_onnx(source)
     assert origin.lazy and origin.data_files == (tmp_path / "weights.bin",)
-    assert onnx_files.base_dir_of(model) == str(tmp_path)
+    assert origin.base_dir == str(tmp_path)
     for tensor in model.graph.initializer:
         assert tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data
     eager, origin = onnx_files.read_onnx(source, lazy=False)
-    assert not origin.lazy and onnx_files.source_of(eager) is None
+    assert not origin.lazy and origin.base_dir is None
     assert all(tensor.data_location == TensorProto.DEFAULT for tensor in eager.graph.initializer)
 
 
 def test_a_rule_reads_only_the_small_tensors_it_needs(tmp_path, recorded_reads):
     source = save_external(model_with_weights(160, shape_constant=True), tmp_path / "m.onnx")
-    model, _ = onnx_files.read_onnx(source)
-    statistics = rewrite.load_rules(dialects=["onnx"]).apply(model)
+    model, origin = onnx_files.read_onnx(source)
+    statistics = rewrite.load_rules(dialects=["onnx"]).apply(model, source=origin)
     assert statistics.fires == 1
     assert "w" not in recorded_reads  # the weight is never read
     assert "shape" in recorded_reads  # the Expand's shape is: it is small
@@ -98,13 +98,13 @@ def test_a_rule_reads_only_the_small_tensors_it_needs(tmp_path, recorded_reads):
 
 def test_a_large_external_tensor_reads_as_no_constant(tmp_path, recorded_reads, monkeypatch):
     source = save_external(model_with_weights(160, shape_constant=True), tmp_path / "m.onnx")  # w: 100 KB
-    model, _ = onnx_files.read_onnx(source)
-    adapter = OnnxAdapter(model, onnx_files.base_dir_of(model))
+    model, origin = onnx_files.read_onnx(source)
+    adapter = OnnxAdapter(model, origin.base_dir)
     weight, shape = adapter.main.values["w"], adapter.main.values["shape"]
     assert adapter.constant(weight) is None and "w" not in recorded_reads
     assert adapter.constant(shape).tolist() == [1, 160]
     monkeypatch.setattr(onnx_files, "EXTERNAL_READ_LIMIT", 8)
-    fresh = OnnxAdapter(model, onnx_files.base_dir_of(model))
+    fresh = OnnxAdapter(model, origin.base_dir)
     assert fresh.constant(fresh.main.values["shape"]) is None  # 16 bytes: over the limit now
 
 
@@ -145,15 +145,15 @@ def test_in_place_keeps_working(tmp_path):
 
 def test_writing_leaves_the_model_in_memory_as_it_was(tmp_path):
     source = save_external(model_with_weights(), tmp_path / "m.onnx")
-    model, _ = onnx_files.read_onnx(source)
+    model, origin = onnx_files.read_onnx(source)
     big = numpy_helper.from_array(np.arange(1024, dtype=np.float32), "added")  # inline, 4 KB
     model.graph.initializer.append(big)
     before = model.SerializeToString()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    onnx_files.write_onnx(model, tmp_path / "a" / "out.onnx", "out.data")
+    onnx_files.write_onnx(model, tmp_path / "a" / "out.onnx", "out.data", origin)
     assert model.SerializeToString() == before
-    onnx_files.write_onnx(model, tmp_path / "b" / "out.onnx", "out.data")
+    onnx_files.write_onnx(model, tmp_path / "b" / "out.onnx", "out.data", origin)
     for folder in ("a", "b"):
         written = onnx.load(str(tmp_path / folder / "out.onnx"))
         arrays = {t.name: numpy_helper.to_array(t) for t in written.graph.initializer}
@@ -180,7 +180,7 @@ def test_tensors_from_several_data_files_are_joined(tmp_path):
     model, origin = onnx_files.read_onnx(tmp_path / "m.onnx")
     assert len(origin.data_files) == len(arrays)
     (tmp_path / "out").mkdir()
-    onnx_files.write_onnx(model, tmp_path / "out" / "o.onnx", "o.data")
+    onnx_files.write_onnx(model, tmp_path / "out" / "o.onnx", "o.data", origin)
     written = onnx.load(str(tmp_path / "out" / "o.onnx"))
     for tensor in written.graph.initializer:
         np.testing.assert_array_equal(numpy_helper.to_array(tensor), arrays[tensor.name])
@@ -188,9 +188,9 @@ def test_tensors_from_several_data_files_are_joined(tmp_path):
 
 def test_one_file_asked_for_reads_the_weights_in(tmp_path):
     source = save_external(model_with_weights(), tmp_path / "m.onnx")
-    model, _ = onnx_files.read_onnx(source)
-    onnx_files.write_onnx(model, tmp_path / "single.onnx")
-    assert onnx_files.source_of(model) is None
+    model, origin = onnx_files.read_onnx(source)
+    onnx_files.write_onnx(model, tmp_path / "single.onnx", source=origin)
+    assert all(t.data_location == TensorProto.DEFAULT for t in model.graph.initializer)  # read in
     written = onnx.load(str(tmp_path / "single.onnx"), load_external_data=False)
     assert all(t.data_location == TensorProto.DEFAULT for t in written.graph.initializer)
 
@@ -257,3 +257,19 @@ def test_the_weights_never_enter_the_process(tmp_path):
     assert (tmp_path / "out.onnx.data").stat().st_size >= 64 * 1024 * 1024
     assert [n.op_type for n in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node] == [
         "MatMul", "ReduceMean", "Mul"]
+
+
+def test_many_lazily_read_models_each_keep_their_own_data(tmp_path):
+    """No table of models, no cap: the 17th (or the 100th) model reads its own tensors, none is evicted."""
+    models = []
+    for index in range(40):
+        folder = tmp_path / f"m{index}"
+        folder.mkdir()
+        weights = model_with_weights(shape_constant=True)
+        shape = next(t for t in weights.graph.initializer if t.name == "shape")
+        shape.CopyFrom(numpy_helper.from_array(np.array([index + 1, 64], np.int64), "shape"))
+        models.append(onnx_files.read_onnx(save_external(weights, folder / "m.onnx", threshold=0)))
+    for index, (model, origin) in enumerate(models):
+        assert all(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)  # none read in
+        adapter = OnnxAdapter(model, origin.base_dir)
+        assert adapter.constant(adapter.main.values["shape"]).tolist() == [index + 1, 64]

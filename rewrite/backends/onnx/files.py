@@ -12,9 +12,11 @@ has them, else an in-kernel copy) and appending what the model holds inline,
 so the weights never pass through this process's memory, and the input's
 data file is only ever read.
 
-Which model came from which folder is kept here (`source_of`), since a
-protobuf message takes no attribute of ours: by the model's identity, with
-the model held so that the identity stays its own.
+A model read so does not know its folder (a protobuf message takes no
+attribute of ours), so `read_onnx` returns the `OnnxSource` with it, and
+whatever reads or writes its external tensors is given that source:
+`rewrite.onnx.optimize(model, source=...)`, `RuleSet.apply(model, source=...)`,
+`write_onnx(model, path, data, source=...)`. No table of models is kept.
 """
 
 from __future__ import annotations
@@ -70,13 +72,10 @@ class OnnxSource:
     def external_data(self) -> bool:
         return bool(self.data_files)
 
-
-# id(model) -> (model, source) for models whose external tensors are on disk.
-_LAZY: dict[int, tuple[onnx.ModelProto, OnnxSource]] = {}
-# Beyond this many, the oldest model gets its external data read in, and is
-# no longer tracked: an embedder that reads model after model and drops them
-# would otherwise keep them all alive here.
-_LAZY_LIMIT = 16
+    @property
+    def base_dir(self) -> str | None:
+        """The folder the model's external tensors are still to be read from; None when it has none on disk."""
+        return str(self.path.parent) if self.lazy and self.data_files else None
 
 
 def read_onnx(path: str | os.PathLike, *, lazy: bool = True) -> tuple[onnx.ModelProto, OnnxSource]:
@@ -86,15 +85,10 @@ def read_onnx(path: str | os.PathLike, *, lazy: bool = True) -> tuple[onnx.Model
     directory, and checked as `onnx.load` checks it (a location inside the
     folder, a file that opens, the bytes each tensor claims), without being
     read. With `lazy=False` it is read into the model, as `onnx.load` does.
-    A missing, truncated or non-ONNX file raises `OnnxFileError`.
+    With `lazy`, the returned source is what reading and writing the
+    external tensors needs (`OnnxSource.base_dir`). A missing, truncated or
+    non-ONNX file raises `OnnxFileError`.
     """
-    model, source = _read(path, lazy)
-    if source.lazy:
-        _track(model, source)
-    return model, source
-
-
-def _read(path: str | os.PathLike, lazy: bool) -> tuple[onnx.ModelProto, OnnxSource]:
     path = Path(path)
     if not path.is_file():
         raise OnnxFileError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
@@ -127,64 +121,28 @@ def _read(path: str | os.PathLike, lazy: bool) -> tuple[onnx.ModelProto, OnnxSou
     return model, OnnxSource(path, data_files, lazy)
 
 
-def read_onnx_untracked(path: str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
-    """The model a lazy `read_onnx` of `path` returned, read again, and the folder of its external data.
-
-    Its external tensors stay on disk, and it is not tracked (`source_of`
-    knows nothing of it): a copy to replay a run on, which nothing writes.
-    """
-    model, source = _read(path, lazy=True)
-    return model, str(source.path.parent) if source.data_files else None
-
-
-def source_of(model: onnx.ModelProto) -> OnnxSource | None:
-    """Where `read_onnx` read `model` from, if its external tensors are still on disk there."""
-    entry = _LAZY.get(id(model))
-    return entry[1] if entry is not None and entry[0] is model else None
-
-
-def base_dir_of(model: onnx.ModelProto) -> str | None:
-    """The folder `model`'s external tensors are read from; None if it has none on disk."""
-    source = source_of(model)
-    return None if source is None else str(source.path.parent)
-
-
-def load_external_data(model: onnx.ModelProto) -> None:
+def load_external_data(model: onnx.ModelProto, source: OnnxSource) -> None:
     """Read every external tensor of a lazily read model into it; it no longer needs its folder."""
-    source = source_of(model)
-    if source is None:
-        return
-    onnx.load_external_data_for_model(model, str(source.path.parent))
-    del _LAZY[id(model)]
+    if source.base_dir is not None:
+        onnx.load_external_data_for_model(model, source.base_dir)
 
 
-def forget(model: onnx.ModelProto) -> None:
-    """Stop tracking `model` (its external tensors then cannot be read or copied any more)."""
-    if source_of(model) is not None:
-        del _LAZY[id(model)]
-
-
-def _track(model: onnx.ModelProto, source: OnnxSource) -> None:
-    while len(_LAZY) >= _LAZY_LIMIT:
-        oldest = _LAZY[next(iter(_LAZY))][0]
-        load_external_data(oldest)
-    _LAZY[id(model)] = (model, source)
-
-
-def write_onnx(model: onnx.ModelProto, path: str | os.PathLike, data_name: str | None = None) -> None:
+def write_onnx(model: onnx.ModelProto, path: str | os.PathLike, data_name: str | None = None,
+               source: OnnxSource | None = None) -> None:
     """Write `model` to `path`; with `data_name`, its large tensors go to that file beside it.
 
-    A model `read_onnx` left external data on disk for is written without
-    reading it: the data file is cloned or copied from the input's and the
-    model's own tensors of `INLINE_LIMIT` bytes or more are appended, and
-    the model in memory is left as it was. Otherwise the model's tensors are
-    changed to refer to the data file when `data_name` is given (as
-    `onnx.save_model` does).
+    A model `read_onnx` left external data on disk for (`source`, which it
+    returned) is written without reading it: the data file is cloned or
+    copied from the input's and the model's own tensors of `INLINE_LIMIT`
+    bytes or more are appended, and the model in memory is left as it was.
+    Otherwise the model's tensors are changed to refer to the data file when
+    `data_name` is given (as `onnx.save_model` does).
     """
     path = Path(path)
-    source = source_of(model)
+    if source is not None and source.base_dir is None:
+        source = None  # nothing of it on disk
     if source is not None and data_name is None:
-        load_external_data(model)  # asked for one file: the weights must come in
+        load_external_data(model, source)  # asked for one file: the weights must come in
         source = None
     if source is not None:
         _write_streaming(model, path, data_name, source)
