@@ -260,7 +260,7 @@ def test_a_run_bypasses_without_coremltools_replace(rules, monkeypatch, build, t
     program = build()
     before, expected = _counts(program), _outputs(program)
     reference = copy_program(program)
-    monkeypatch.setattr("rewrite.backends.mil.adapter.replace_uses_in_block", lambda *args: False)
+    monkeypatch.setattr("rewrite.backends.mil.editing.replace_uses_in_block", lambda *args: False)
     calls.clear()
     rules.apply(reference)
     assert len(calls) == tiles - kept  # the probe sees coremltools' path when it is taken

@@ -2,8 +2,13 @@
 
 One place, by concern:
 
-- `adapter`: `MilAdapter`, the engine's view of a pymil program, and the op schema;
-- `shapes`: which ops broadcast, keep or compute shapes, for the adapter's shape analysis;
+- `adapter`: `MilAdapter`, the engine's view of a pymil program (navigation and values), and the op schema;
+- `editing`: the adapter's edits (build, replace, remove) and the scopes new ops inherit;
+- `shape_proofs`: what the adapter proves of shapes, shape values and dim bounds beyond coremltools' types;
+- `shapes`: which ops broadcast, keep or compute shapes, and the dim arithmetic the proofs use;
+- `bounds`: bounds on the elements of integer values;
+- `vars`: a var's dims, dtype and operands in the engine's terms;
+- `uses`: use lists that stay cheap to edit on values with thousands of consumers;
 - `files`: `.mlpackage` loading and saving, input specs kept;
 - `passes`: a rule set as a coremltools graph pass;
 - `examples`: programs built from rule examples, and their semantic checks;

@@ -310,7 +310,7 @@ def _keep_reads_back(program: Program, spec) -> None:
     Core ML accepts a state that no op reads cannot be checked off macOS, so
     the read stays, where it was.
     """
-    from rewrite.backends.mil.adapter import _inherit_scopes
+    from rewrite.backends.mil.editing import inherit_scopes
 
     for name, function in program.functions.items():
         reads = _read_state_outputs(spec, name)
@@ -330,7 +330,7 @@ def _keep_reads_back(program: Program, spec) -> None:
                 following = operations[index + 1] if index + 1 < len(operations) else None
                 with block:
                     read = mb.read_state(input=op.state, before_op=following, name=read_name)
-                _inherit_scopes([read.op], op, None)
+                inherit_scopes([read.op], op, None)
 
 
 def _read_state_outputs(spec, function_name: str) -> set[str]:

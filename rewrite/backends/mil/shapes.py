@@ -10,7 +10,9 @@ from rewrite.backends.mil.pymil import (
     Operation,
     types,
 )
-from rewrite.engine.logic import Symbol, Truth, equal
+from rewrite.engine import shape_values
+from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
+from rewrite.engine.shapes import multiply as dims_multiply
 
 UNARY_ELEMENTWISE = frozenset(
     "abs acos asin atan atanh ceil clip cos cosh erf exp exp2 floor inverse log logical_not relu relu6 round "
@@ -90,6 +92,53 @@ def factors(dims) -> tuple[int, Counter] | None:
         else:
             return None
     return coefficient, symbols
+
+
+def reshaped(source, shape):
+    """A reshape's dims where its shape holds one -1: the element count of `source`
+    divided by the other dims, cancelled symbol by symbol."""
+    if source is None or any(d is UNKNOWN for d in (*source, *shape)):
+        return None
+    if any(isinstance(d, int) and (d == 0 or d < -1) for d in shape):
+        return None  # 0 copies a dim of x: not followed here
+    numerator = factors(source)
+    denominator = factors([d for d in shape if d != -1])
+    if numerator is None or denominator is None or denominator[0] == 0:
+        return None
+    coefficient, symbols = numerator
+    if coefficient % denominator[0]:
+        return None
+    remaining = symbols.copy()
+    remaining.subtract(denominator[1])
+    if any(count < 0 for count in remaining.values()):
+        return None
+    inferred = coefficient // denominator[0]
+    for symbol, count in sorted(remaining.items(), key=lambda item: item[0].name):
+        for _ in range(count):
+            inferred = dims_multiply(inferred, symbol)
+    return tuple(inferred if d == -1 else d for d in shape)
+
+
+def divided(left: list | None, right: list | None) -> list | None:
+    """An int real_div of shape values, where it is exact: a literal quotient, or a dim by
+    itself, 1 (the torch frontend's tile reps for an expand). At a size 0 the latter
+    divides by zero, which leaves the original no defined value to keep."""
+    pairs = shape_values.paired(left, right)
+    if pairs is None:
+        return None
+    quotients = []
+    for a, b in pairs:
+        if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
+            quotients.append(a // b)
+        elif b == 1 and isinstance(b, int) and a is not UNKNOWN:
+            quotients.append(a)  # a dim by 1 (a batch repeated: `expand(B, -1, -1)` of a (1, ...) token)
+        elif a == b and a is not UNKNOWN:
+            quotients.append(1)
+        else:
+            quotients.append(UNKNOWN)
+    return quotients
+
+
 SHAPE_DTYPES = frozenset({types.int32, types.int64, types.int16, types.uint16, types.int8, types.uint8})
 SHAPE_DTYPE_NAMES = frozenset({"int32", "int64", "int16", "uint16", "int8", "uint8"})
 SHAPE_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*"}
