@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter
 from rewrite.backends.onnx import files as onnx_files
-from rewrite.backends.onnx import shapes as onnx_shapes
+from rewrite.backends.onnx import tensors as onnx_tensors
 
 
 def model_with_weights(width: int = 64, shape_constant: bool = False) -> onnx.ModelProto:
@@ -65,13 +65,13 @@ def digest(path: Path) -> tuple[str, int]:
 def recorded_reads(monkeypatch):
     """The names of the tensors the adapter reads."""
     names: list[str] = []
-    read = onnx_shapes.read_tensor
+    read = onnx_tensors.read_tensor
 
     def recording(tensor, base_dir):
         names.append(tensor.name)
         return read(tensor, base_dir)
 
-    monkeypatch.setattr(onnx_shapes, "read_tensor", recording)
+    monkeypatch.setattr(onnx_tensors, "read_tensor", recording)
     return names
 
 

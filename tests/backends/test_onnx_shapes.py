@@ -19,8 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
-from rewrite.backends.onnx import OnnxAdapter
-from rewrite.backends.onnx import shapes as onnx_shapes
+from rewrite.backends.onnx import OnnxAdapter, dim_algebra, onnx_inference, shape_rules
 from rewrite.engine.logic import UNKNOWN, Symbol
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -219,7 +218,7 @@ def test_slice_with_run_time_bounds_keeps_the_axes_it_does_not_cut():
 
 
 def test_slice_min_is_taken_only_where_provable():
-    sliced = onnx_shapes._sliced_dim
+    sliced = shape_rules._sliced_dim
     assert sliced(S("s"), 0, S("s"), 1) == S("s")
     assert sliced(S("s"), 0, S("(1+s)"), 1) == S("s")
     assert sliced(S("(1+s)"), 0, S("s"), 1) == S("s")
@@ -249,7 +248,7 @@ def test_a_slice_from_minus_the_dim_to_the_end_is_the_whole_axis():
     adapter = _infer(model, {"tail": (S("t"), S("s")), "last_3": (S("t"), S("min(3,s)"))})
     assert adapter.main.values["minus_seq"].contents == [S("(0-s)")]
     assert adapter.main.values["other"].shape == (UNKNOWN, S("s"))  # min(s, t): -s clamps to 0 only if s >= t
-    sliced = onnx_shapes._sliced_dim
+    sliced = shape_rules._sliced_dim
     assert sliced(S("s"), S("(0-s)"), 2**63 - 1, 1) == S("s")
     assert sliced(S("s"), S("(0-t)"), 2**63 - 1, 1) is UNKNOWN  # -t clamps to 0 only when t >= s
     assert sliced(S("s"), S("(0-s)"), S("s"), 1) is UNKNOWN  # only up to the end is taken
@@ -280,7 +279,7 @@ def test_a_clamped_dim_broadcast_against_what_it_clamps_is_that_dim():
     assert values["summed"].shape == (S("b"), S("s"), 4)
     for sizes in ({"b": 2, "s": 5}, {"b": 3, "s": 1}):
         _check_against_runtime(model, adapter, sizes, names={"expanded", "summed"})
-    clamped = onnx_shapes._clamped_to
+    clamped = dim_algebra.clamped_to
     assert clamped(S("min(64,s)"), [S("s"), 1]) == S("s")
     assert clamped(S("min(0,s)"), [S("s")]) == S("min(0,s)")  # min(0, s) is 0, and broadcast(0, 1) is 0
     assert clamped(S("min(s,t)"), [S("s")]) == S("min(s,t)")  # t may be neither 1 nor s
@@ -488,7 +487,7 @@ def test_onnx_keeps_a_symbol_only_where_it_proves_it():
 
 def test_symbols_onnx_makes_up_are_local_to_the_node(monkeypatch):
     made_up = helper.make_tensor_type_proto(FLOAT, ["fresh", "fresh", None, "__rewrite_dim_0", 4])
-    monkeypatch.setattr(onnx_shapes, "_FALLBACK_CACHE", {})
+    monkeypatch.setattr(onnx_inference, "_FALLBACK_CACHE", {})
     monkeypatch.setattr(onnx.shape_inference, "infer_node_outputs", lambda *args, **kwargs: {"o0": made_up})
     model = _model([helper.make_node("Einsum", ["x"], ["out"], equation="ij->ij")], [_tensor("x", FLOAT, ["b", 8])],
                    [_tensor("out", FLOAT, None)])
@@ -498,14 +497,14 @@ def test_symbols_onnx_makes_up_are_local_to_the_node(monkeypatch):
 
 def test_onnx_is_asked_once_per_kind_of_node(monkeypatch):
     calls = []
-    ask = onnx_shapes._ask_onnx
+    ask = onnx_inference._ask_onnx
 
     def counting(*args):
         calls.append(args[1].op_type)
         return ask(*args)
 
-    monkeypatch.setattr(onnx_shapes, "_ask_onnx", counting)
-    monkeypatch.setattr(onnx_shapes, "_FALLBACK_CACHE", {})
+    monkeypatch.setattr(onnx_inference, "_ask_onnx", counting)
+    monkeypatch.setattr(onnx_inference, "_FALLBACK_CACHE", {})
     nodes = [helper.make_node("Gemm", [f"h{i}", "w"], [f"h{i + 1}"], transB=1) for i in range(300)]
     model = _model(nodes, [_tensor("h0", FLOAT, ["b", 16])], [_tensor("h300", FLOAT, None)], [_floats("w", [16, 16])])
     adapter = OnnxAdapter(model)
@@ -530,7 +529,7 @@ def test_ops_of_other_domains_are_left_alone():
 
 
 def test_expression_names_are_read_only_where_unambiguous():
-    poly = onnx_shapes._poly
+    poly = dim_algebra.polynomial
     assert poly(S("(batch*seq)")) == {("batch", "seq"): 1}
     assert poly(S("(seq+-1)")) == {("seq",): 1, (): -1}
     assert poly(S("(min(1,seq)+seq)")) == {("min(1,seq)",): 1, ("seq",): 1}
@@ -538,9 +537,9 @@ def test_expression_names_are_read_only_where_unambiguous():
     assert poly(S("(2*seq + 1)")) == {("(2*seq + 1)",): 1}
     assert poly(S("past_sequence_length + 1")) == {("past_sequence_length + 1",): 1}
     assert poly(S("(a-b+x)")) == {("(a-b+x)",): 1}
-    assert onnx_shapes._at_least(S("(1+seq)"), S("(min(1,seq)+seq)"))
-    assert not onnx_shapes._at_least(S("seq"), S("(min(1,seq)+seq)"))
-    assert not onnx_shapes._at_least(S("(seq-1)"), 0)
+    assert dim_algebra.at_least(S("(1+seq)"), S("(min(1,seq)+seq)"))
+    assert not dim_algebra.at_least(S("seq"), S("(min(1,seq)+seq)"))
+    assert not dim_algebra.at_least(S("(seq-1)"), 0)
 
 
 # ---------------------------------------------------------------- the exports

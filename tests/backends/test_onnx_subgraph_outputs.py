@@ -22,13 +22,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
 from rewrite.backends.onnx import examples as onnx_examples
-from rewrite.backends.onnx import shapes as onnx_shapes
+from rewrite.backends.onnx import tensors as onnx_tensors
 from rewrite.backends.onnx import validation as onnx_validation
 from rewrite.examples import SYMBOLIC_SIZES, example_ops, random_input
 from rewrite.language import ast
 from rewrite.onnx import optimize
 
-_ELEMENT_TYPES = {name: elem_type for elem_type, name in onnx_shapes._DTYPE_NAMES.items()}
+_ELEMENT_TYPES = onnx_tensors.ELEMENT_TYPES
 RULES = rewrite.load_rules(dialects=["onnx"])
 
 

@@ -439,8 +439,8 @@ def test_one_use_does_not_list_a_shared_value(monkeypatch):
     adapter = OnnxAdapter(wide_sum(500))
     m = adapter.main.values["m"]
     listed = []
-    original = onnx_adapter._live_uses
-    monkeypatch.setattr(onnx_adapter, "_live_uses", lambda value: listed.append(value) or original(value))
+    original = onnx_adapter.live_uses
+    monkeypatch.setattr(onnx_adapter, "live_uses", lambda value: listed.append(value) or original(value))
     assert _one_use(adapter, m) is Truth.NO
     assert _use_count(adapter, m) == 500
     expands = [node for node in adapter.main.nodes if node.type == "Expand"]

@@ -7,12 +7,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rewrite.backends.onnx import shapes as onnx_shapes
-from rewrite.backends.onnx.adapter import OnnxError, attribute_operand, schema_at
+from rewrite.backends.onnx import tensors as onnx_tensors
+from rewrite.backends.onnx.graph import OnnxError
+from rewrite.backends.onnx.schema import attribute_operand, schema_at
 from rewrite.engine.interfaces import NamedValue
 
 _EXAMPLE_OPSET = 18
-_ELEMENT_TYPES = {name: elem_type for elem_type, name in onnx_shapes._DTYPE_NAMES.items()}
 
 
 def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: int | None = None) -> onnx.ModelProto:
@@ -25,7 +25,8 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: int
     if not 1 <= opset <= onnx.defs.onnx_opset_version():
         raise OnnxError(f"opset {opset} is not one this onnx knows (1 to {onnx.defs.onnx_opset_version()})")
     graph_inputs = [
-        helper.make_tensor_value_info(name, _ELEMENT_TYPES[dtype], list(dims)) for name, dtype, dims in inputs
+        helper.make_tensor_value_info(name, onnx_tensors.ELEMENT_TYPES[dtype], list(dims))
+        for name, dtype, dims in inputs
     ]
     nodes, initializers = [], []
     for name, op_type, operands in ops:

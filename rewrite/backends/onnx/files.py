@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from rewrite.backends.onnx.graph import OnnxError
 from rewrite.engine.interfaces import ModelError
 
 # The most bytes of an external tensor the adapter reads for a rule: a
@@ -365,3 +366,30 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+# ---------------------------------------------------------------- in one piece
+
+
+def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, bool]:
+    """Read an `.onnx` file, external data included (see `read_onnx`).
+
+    Returns the model and whether its tensors were stored as external data
+    (so that `save_onnx` can store them that way again). A missing, truncated
+    or non-ONNX file is an `OnnxError`.
+    """
+    try:
+        # Read in: a caller of this function may hand the model to anything.
+        model, source = read_onnx(path, lazy=False)
+    except OnnxFileError as error:
+        raise OnnxError(str(error)) from None
+    return model, source.external_data
+
+
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
+    """Write `model` to `path`; with `external_data`, large tensors go to `<path>.data` beside it.
+
+    This writes in place; `rewrite apply` writes through `rewrite.output`,
+    which also picks a data file name that replaces nothing.
+    """
+    write_onnx(model, path, Path(path).name + ".data" if external_data else None)

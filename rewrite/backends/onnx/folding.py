@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rewrite.backends.onnx.adapter import Node, OnnxAdapter, Value, training_names
+from rewrite.backends.onnx.adapter import OnnxAdapter, training_names
+from rewrite.backends.onnx.graph import Node, Value
 from rewrite.engine.interfaces import ModelError
 from rewrite.engine.steps import Steps
 
