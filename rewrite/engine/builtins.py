@@ -1,7 +1,7 @@
 """The builtins conditions call: one definition each, with its three-valued semantics.
 
 Each takes the adapter first, then the rule's arguments, already evaluated.
-Numbers are ints, floats, `Symbol`s or `UNKNOWN`; lists are Python lists
+Numbers are ints, floats, symbolic dims (`Term`s) or `UNKNOWN`; lists are Python lists
 (or `UNKNOWN`); booleans are `Truth`. Whatever cannot be read off the graph
 is `UNKNOWN` (or `Truth.UNKNOWN` for a yes/no builtin), so that it can never
 make a rule fire.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rewrite.engine.interfaces import Adapter, Capability, optional, use_counter
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, is_literal
+from rewrite.engine.logic import UNKNOWN, Term, Truth, equal, is_literal
 from rewrite.engine.matcher import ABSENT
 from rewrite.engine.operands import OperandsExcept
 from rewrite.language.types import BUILTINS, Type
@@ -213,7 +213,7 @@ def _const(adapter, value):
 def _is_symbolic(adapter, dim):
     if dim is UNKNOWN:
         return Truth.UNKNOWN
-    return Truth.of(isinstance(dim, Symbol))
+    return Truth.of(isinstance(dim, Term))
 
 
 def _is_known(adapter, dim):
@@ -624,7 +624,7 @@ def _elements(adapter, value):
 
 def _dim_source(adapter, dim):
     find = optional(adapter, Capability.DIM_SOURCES)
-    if find is None or not isinstance(dim, Symbol):
+    if find is None or not isinstance(dim, Term):
         return None
     return find(dim)
 

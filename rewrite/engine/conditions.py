@@ -1,6 +1,6 @@
 """`where` conditions: one compiler from the checked AST to closures, in three-valued logic.
 
-Numbers at run time are ints, floats, `Symbol`s or `UNKNOWN`; lists are
+Numbers at run time are ints, floats, symbolic dims (`Term`s) or `UNKNOWN`; lists are
 Python lists (or `UNKNOWN`); booleans are `Truth`. Anything that cannot be
 read off the graph is `UNKNOWN`, and arithmetic or comparison with an
 unknown stays unknown, so it can never make a rule fire.
@@ -57,7 +57,7 @@ from rewrite.engine.builtins import (
     _right_dim,
 )
 from rewrite.engine.interfaces import Adapter, Capability, has, use_counter, uses_versioner
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, is_literal, order
+from rewrite.engine.logic import UNKNOWN, Symbol, Term, Truth, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
 from rewrite.language import ast
@@ -1255,7 +1255,7 @@ def _looked_up(value) -> bool:
     kind = type(value)
     if kind is int or kind is bool or kind is str or kind is Symbol:
         return True
-    return kind is float and value == value
+    return isinstance(value, Term) or (kind is float and value == value)
 
 
 def _tally(summary: Counts, excluded, total: int, rhs, operator: str, compare) -> tuple[int, int, int]:
@@ -1268,10 +1268,10 @@ def _tally(summary: Counts, excluded, total: int, rhs, operator: str, compare) -
             hit = counts.get(rhs, 0)
             if hit and (excluded is rhs or excluded == rhs):
                 hit -= 1
-            if type(rhs) is Symbol:
+            if isinstance(rhs, Term):
                 yes, maybe, no = hit, total - hit, 0  # another symbol, a number, an unknown: unknown
             else:
-                vague = summary.vague - (1 if type(excluded) is Symbol or excluded is UNKNOWN else 0)
+                vague = summary.vague - (1 if isinstance(excluded, Term) or excluded is UNKNOWN else 0)
                 yes, maybe, no = hit, vague, total - hit - vague
         return (no, maybe, yes) if operator == "!=" else (yes, maybe, no)
     # Any other comparison: once per distinct value of the feature.

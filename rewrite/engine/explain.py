@@ -34,7 +34,7 @@ from rewrite.engine import builtins
 from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import Driver
 from rewrite.engine.interfaces import Adapter, Capability, optional
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth
+from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import Mismatch
 from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
 from rewrite.language import ast
@@ -164,8 +164,8 @@ def describe(value: Any, adapter: Adapter) -> str:
         return "?"
     if isinstance(value, Truth):
         return str(value)
-    if isinstance(value, Symbol):
-        return value.name
+    if isinstance(value, Term):
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
@@ -508,8 +508,8 @@ def _nodes(expr) -> list:
 def _why_no_value(found: Unevaluable, env: dict, conditions: Conditions, adapter: Adapter) -> str:
     """Why the part of a rewrite value has none, in the rule author's terms."""
     expression, value = found.expression, found.value
-    if isinstance(value, Symbol):
-        return f"is the symbolic dim {value.name}: a size known only at run time, not a number to build with"
+    if isinstance(value, Term):
+        return f"is the symbolic dim {value}: a size known only at run time, not a number to build with"
     if isinstance(expression, ast.Call) and expression.function == "uniform" and expression.arguments:
         try:
             constant = adapter.constant(conditions.value(expression.arguments[0], env))

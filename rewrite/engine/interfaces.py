@@ -254,7 +254,7 @@ class Adapter(Protocol):
 
     def shape_value(self, value: Value) -> list | None:
         """Optional. The elements of a rank-0 or rank-1 integer value as dims
-        (ints and `Symbol`s, `UNKNOWN` where an element is not proved), where
+        (ints and `Term`s, `UNKNOWN` where an element is not proved), where
         the value is computed from shapes; None when it is not followed.
         The builtin `elements` reads it."""
 

@@ -43,7 +43,7 @@ from itertools import chain, islice
 from typing import Any
 
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.logic import UNKNOWN, Term
 
 # Ops with more operands than this get a record; below it, walking the
 # operands costs less than keeping one.
@@ -74,7 +74,7 @@ class Counts:
                 raise TypeError("NaN is no dictionary key")  # unequal to itself: not countable either
             self.of[value] = key
         self.counts[key] = self.counts.get(key, 0) + times
-        if type(key) is Symbol or key is UNKNOWN:
+        if isinstance(key, Term) or key is UNKNOWN:
             self.vague += times
 
     def drop(self, value: Value, times: int) -> None:
@@ -84,7 +84,7 @@ class Counts:
             self.counts[key] = left
         else:
             del self.counts[key]
-        if type(key) is Symbol or key is UNKNOWN:
+        if isinstance(key, Term) or key is UNKNOWN:
             self.vague -= times
 
 
@@ -152,7 +152,7 @@ class Shapes:
         if dim is UNKNOWN:
             return 0
         found = self.dims.get(offset, {}).get(dim, 0)
-        if dim == 1 and type(dim) is not Symbol:
+        if dim == 1 and not isinstance(dim, Term):
             found += sum(count for rank, count in self.ranks.items() if rank < offset)
         if without is not None:
             theirs = without[-offset] if len(without) >= offset else 1

@@ -10,7 +10,7 @@ from typing import Any
 from rewrite.engine.conditions import Conditions, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional, uses_checker
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth
+from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.engine.operands import OperandTable
 from rewrite.language import ast
@@ -101,8 +101,8 @@ def why_no_value(value: Any) -> str | None:
     """
     if value is UNKNOWN or value is Truth.UNKNOWN:
         return "it is unknown"
-    if isinstance(value, Symbol):
-        return f"it is the symbolic dim {value.name}, not a number"
+    if isinstance(value, Term):
+        return f"it is the symbolic dim {value}, not a number"
     if value is ABSENT:
         return "it is an absent operand"
     if isinstance(value, (list, tuple)):

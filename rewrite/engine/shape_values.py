@@ -7,7 +7,7 @@ functions to follow the dims through it, so `fill(shape=concat(shape(x)[0:1],
 [8]))` is known to have x's first dim, a symbol, and not some fresh one.
 
 Each function takes and returns a "shape value": a list of dims (ints,
-`Symbol`s or `UNKNOWN`), or None when the value is not a known list. The
+`Term`s or `UNKNOWN`), or None when the value is not a known list. The
 results are proofs about run time: an element is a symbol or int only when
 it is that at run time, for every input the program accepts.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Dim, is_literal
+from rewrite.engine.logic import UNKNOWN, Arithmetic, Dim, is_literal
 
 ShapeValue = list  # list[Dim]; None stands for "not known"
 
@@ -149,4 +149,4 @@ def refined(inferred: Sequence[Dim] | None, proven: Sequence[Dim] | None) -> tup
 
 
 def _arithmetic(dim: Dim) -> bool:
-    return isinstance(dim, dims.Symbol) and dim.name.startswith("(")
+    return isinstance(dim, Arithmetic)

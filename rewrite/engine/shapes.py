@@ -9,18 +9,30 @@ a dim is and when two dims are the same:
   `broadcast(b, a)` are one dim.
 * `add`, `subtract`, `multiply` compute with dims held as *values* (the
   contents of `Shape(x)`, sliced, concatenated, offset), folding literals and
-  naming anything else by a canonical expression.
+  naming anything else by a canonical term (`Sum`, `Difference`, `Product`).
 
-A symbol's name is its identity: equal names are equal dims. Every name made
-here is a function of the names it is made from, never a fresh counter, so
-nothing here can make two unrelated dims "equal" by accident.
+A term's structure is its identity: equal trees are equal dims. Every term
+made here is a function of the dims it is made from, never a fresh counter,
+so nothing here can make two unrelated dims "equal" by accident.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rewrite.engine.logic import UNKNOWN, Dim, Symbol, is_literal
+from rewrite.engine.logic import (
+    UNKNOWN,
+    Arithmetic,
+    Broadcast,
+    Difference,
+    Dim,
+    Minimum,
+    Product,
+    Sum,
+    Term,
+    canonical_key,
+    is_literal,
+)
 
 
 class IncompatibleShapes(ValueError):
@@ -30,10 +42,20 @@ class IncompatibleShapes(ValueError):
 _MAX_BROADCAST_PARTS = 8
 
 
-def _broadcast_parts(dim: Symbol) -> tuple[str, ...]:
-    if dim.name.startswith("broadcast(") and dim.name.endswith(")"):
-        return tuple(dim.name[len("broadcast(") : -1].split(","))
-    return (dim.name,)
+def _broadcast_parts(dim: Term) -> tuple[Term, ...]:
+    return dim.parts if type(dim) is Broadcast else (dim,)
+
+
+def _holds_call(dim) -> bool:
+    """Whether a min or a broadcast is part of `dim`."""
+    pending = [dim]
+    while pending:  # a stack, not recursion: a sum may be thousands deep
+        dim = pending.pop()
+        if isinstance(dim, (Minimum, Broadcast)):
+            return True
+        if isinstance(dim, Arithmetic):
+            pending.extend((dim.left, dim.right))
+    return False
 
 
 def broadcast_dim(left: Dim, right: Dim) -> Dim:
@@ -57,12 +79,13 @@ def broadcast_dim(left: Dim, right: Dim) -> Dim:
     if left == right:
         return left
     parts = set(_broadcast_parts(left)) | set(_broadcast_parts(right))
-    if len(parts) > _MAX_BROADCAST_PARTS or any("," in part for part in parts):
+    if len(parts) > _MAX_BROADCAST_PARTS or any(_holds_call(part) for part in parts):
         # Too long to be worth naming (a chain of fresh symbols would grow the
-        # name with every op), or a name we could not split back apart.
+        # term with every op). A part holding a min or broadcast of its own
+        # stays unknown as it did when dims were names split at their commas,
+        # so that what the shipped rules prove is what they proved.
         return UNKNOWN
-    parts = sorted(parts)
-    return Symbol(f"broadcast({','.join(parts)})")
+    return Broadcast(tuple(sorted(parts, key=canonical_key)))
 
 
 def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
@@ -98,34 +121,39 @@ def _all_known(shape) -> bool:
     return True
 
 
-def _expression(operator: str, left: Dim, right: Dim, commutative: bool) -> Dim:
-    if not (isinstance(left, (int, Symbol)) and isinstance(right, (int, Symbol))):
+def _expression(kind: type[Arithmetic], left: Dim, right: Dim, commutative: bool) -> Dim:
+    if not (isinstance(left, (int, Term)) and isinstance(right, (int, Term))):
         return UNKNOWN  # UNKNOWN included
-    names = [str(left), str(right)]
     if commutative:
-        names.sort()
-    return Symbol(f"({names[0]}{operator}{names[1]})")
+        # Written in canonical order, so that a + b and b + a are one term.
+        first, second = str(left), str(right)
+        if first > second or (first == second and canonical_key(right) < canonical_key(left)):
+            left, right = right, left
+    return kind(left, right)
 
 
 def add(left: Dim, right: Dim) -> Dim:
+    """left + right: an int for two literals, else the canonical `Sum` (0 dropped)."""
     if is_literal(left) and is_literal(right):
         return left + right
     if right == 0:
         return left
     if left == 0:
         return right
-    return _expression("+", left, right, commutative=True)
+    return _expression(Sum, left, right, commutative=True)
 
 
 def subtract(left: Dim, right: Dim) -> Dim:
+    """left - right: an int for two literals, else a `Difference` (a 0 subtracted dropped)."""
     if is_literal(left) and is_literal(right):
         return left - right
     if right == 0:
         return left
-    return _expression("-", left, right, commutative=False)
+    return _expression(Difference, left, right, commutative=False)
 
 
 def multiply(left: Dim, right: Dim) -> Dim:
+    """left * right: an int for two literals or a 0, else the canonical `Product` (1 dropped)."""
     if is_literal(left) and is_literal(right):
         return left * right
     if right == 1:
@@ -134,11 +162,11 @@ def multiply(left: Dim, right: Dim) -> Dim:
         return right
     if left == 0 or right == 0:
         return 0
-    return _expression("*", left, right, commutative=True)
+    return _expression(Product, left, right, commutative=True)
 
 
 def is_plain_dim(dim: Dim) -> bool:
-    """A literal, or a symbol that names a size (never negative), not an expression."""
+    """A literal, or a term that names a size (never negative), not arithmetic."""
     if is_literal(dim):
         return True
-    return isinstance(dim, Symbol) and not dim.name.startswith("(")
+    return isinstance(dim, Term) and not isinstance(dim, Arithmetic)

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
 from rewrite.backends.onnx import SCHEMA, OnnxAdapter, OnnxError, count_nodes, load_onnx, save_onnx
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.logic import UNKNOWN, Broadcast, Symbol
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -96,7 +96,7 @@ def test_broadcast_of_two_symbols_is_canonical_and_exporter_names_are_value_loca
         value_info=[_tensor("n1", FLOAT, ["dim0"]), _tensor("n2", FLOAT, ["dim0"])],
     )
     values = OnnxAdapter(model).main.values
-    assert values["r1"].shape == values["r2"].shape == (Symbol("broadcast(P,Q)"),)
+    assert values["r1"].shape == values["r2"].shape == (Broadcast((Symbol("P"), Symbol("Q"))),)
     assert values["n1"].shape[0] != values["n2"].shape[0]
     assert values["u"].shape == (UNKNOWN,)
 

@@ -9,7 +9,6 @@ are checked the same way for every value they hold.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter, dim_algebra, onnx_inference, shape_rules
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.logic import UNKNOWN, Broadcast, Difference, Local, Minimum, Product, Sum, Symbol
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 MODELS = Path(__file__).parent / "onnx_models"
@@ -48,15 +47,7 @@ def _floats(name, shape, seed=0):
     return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), name)
 
 
-def _split(text):
-    """Top-level comma-separated arguments."""
-    parts, depth, start = [], 0, 0
-    for position, character in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(character, 0)
-        if character == "," and depth == 0:
-            parts.append(text[start:position])
-            start = position + 1
-    return parts + [text[start:]]
+_COMBINE = {Sum: lambda a, b: a + b, Difference: lambda a, b: a - b, Product: lambda a, b: a * b, Minimum: min}
 
 
 def evaluate(dim, sizes):
@@ -66,24 +57,14 @@ def evaluate(dim, sizes):
         return None
     if isinstance(dim, int):
         return dim
-    name = dim if isinstance(dim, str) else dim.name
-    if re.fullmatch(r"-?\d+", name):
-        return int(name)
-    if name in sizes:
-        return sizes[name]
-    for function, combine in (("min(", min), ("broadcast(", max)):
-        if name.startswith(function):
-            values = [evaluate(part, sizes) for part in _split(name[len(function) : -1])]
-            return None if None in values else combine(values)
-    if name.startswith("(") and name.endswith(")"):
-        inner, depth = name[1:-1], 0
-        for position, character in enumerate(inner):
-            depth += {"(": 1, ")": -1}.get(character, 0)
-            if depth == 0 and character in "+-*" and position > 0:
-                left, right = evaluate(inner[:position], sizes), evaluate(inner[position + 1 :], sizes)
-                if left is None or right is None:
-                    return None
-                return {"+": left + right, "-": left - right, "*": left * right}[character]
+    if isinstance(dim, Symbol):
+        return sizes.get(dim.name)
+    if type(dim) in _COMBINE:
+        left, right = evaluate(dim.left, sizes), evaluate(dim.right, sizes)
+        return None if left is None or right is None else _COMBINE[type(dim)](left, right)
+    if isinstance(dim, Broadcast):
+        values = [evaluate(part, sizes) for part in dim.parts]
+        return None if None in values else max(values)
     return None
 
 
@@ -171,8 +152,8 @@ def test_reshape_solves_minus_one_symbolically():
     )
     _infer(model, {
         "view": (S("b"), S("s")),
-        "rows": (S("((b*s)*2)"), 4),  # b * s * 8 / 4
-        "copied": (S("b"), S("(8*s)")),
+        "rows": (Product(Product(S("b"), S("s")), 2), 4),  # b * s * 8 / 4
+        "copied": (S("b"), Product(8, S("s"))),
     })
     # b * s * 8 / 3 is not a product of known dims (it runs only where b or s is a multiple of 3).
     odd = _model([helper.make_node("Reshape", ["x", "by_3"], ["odd"])], [_tensor("x", FLOAT, ["b", "s", 8])],
@@ -203,9 +184,9 @@ def test_slice_with_run_time_bounds_keeps_the_axes_it_does_not_cut():
     )
     adapter = OnnxAdapter(model)
     values = adapter.main.values
-    assert values["to_t"].shape == (S("b"), S("min(s,t)"), 8)
+    assert values["to_t"].shape == (S("b"), Minimum(S("s"), S("t")), 8)
     assert values["all"].shape == (S("b"), S("s"), 8)
-    assert values["longer"].shape == (S("b"), S("(1+s)"), 8)
+    assert values["longer"].shape == (S("b"), Sum(1, S("s")), 8)
     assert values["tail"].shape == (S("b"), S("s"), 8)
     assert values["unknown"].shape == (S("b"), UNKNOWN, 8)
     for sizes in SIZES:
@@ -220,13 +201,13 @@ def test_slice_with_run_time_bounds_keeps_the_axes_it_does_not_cut():
 def test_slice_min_is_taken_only_where_provable():
     sliced = shape_rules._sliced_dim
     assert sliced(S("s"), 0, S("s"), 1) == S("s")
-    assert sliced(S("s"), 0, S("(1+s)"), 1) == S("s")
-    assert sliced(S("(1+s)"), 0, S("s"), 1) == S("s")
-    assert sliced(S("s"), 0, 4, 1) == S("min(4,s)")
+    assert sliced(S("s"), 0, Sum(1, S("s")), 1) == S("s")
+    assert sliced(Sum(1, S("s")), 0, S("s"), 1) == S("s")
+    assert sliced(S("s"), 0, 4, 1) == Minimum(4, S("s"))
     assert sliced(S("s"), 1, 2**63 - 1, 1) is UNKNOWN  # s - 1 is negative for s = 0
     assert sliced(S("s"), 0, -1, 1) is UNKNOWN  # s - 1, likewise
     assert sliced(S("s"), -1, -(2**63), -1) == S("s")  # the whole axis, reversed
-    assert sliced(S("s"), 0, S("(s-1)"), 1) is UNKNOWN  # not known to be a size
+    assert sliced(S("s"), 0, Difference(S("s"), 1), 1) is UNKNOWN  # not known to be a size
     assert sliced(S("s"), 0, S("s"), 2) is UNKNOWN
     assert sliced(7, 1, 100, 2) == 3
 
@@ -245,14 +226,14 @@ def test_a_slice_from_minus_the_dim_to_the_end_is_the_whole_axis():
         [_tensor(n, FLOAT, None) for n in ("tail", "last_3", "other")],
         [_ints("far", [2**63 - 1]), _ints("axis", [1]), _ints("zero", [0]), _ints("minus_three", [-3])],
     )
-    adapter = _infer(model, {"tail": (S("t"), S("s")), "last_3": (S("t"), S("min(3,s)"))})
-    assert adapter.main.values["minus_seq"].contents == [S("(0-s)")]
+    adapter = _infer(model, {"tail": (S("t"), S("s")), "last_3": (S("t"), Minimum(3, S("s")))})
+    assert adapter.main.values["minus_seq"].contents == [Difference(0, S("s"))]
     assert adapter.main.values["other"].shape == (UNKNOWN, S("s"))  # min(s, t): -s clamps to 0 only if s >= t
     sliced = shape_rules._sliced_dim
-    assert sliced(S("s"), S("(0-s)"), 2**63 - 1, 1) == S("s")
-    assert sliced(S("s"), S("(0-t)"), 2**63 - 1, 1) is UNKNOWN  # -t clamps to 0 only when t >= s
-    assert sliced(S("s"), S("(0-s)"), S("s"), 1) is UNKNOWN  # only up to the end is taken
-    assert sliced(S("s"), -3, 2**63 - 1, 1) == S("min(3,s)")
+    assert sliced(S("s"), Difference(0, S("s")), 2**63 - 1, 1) == S("s")
+    assert sliced(S("s"), Difference(0, S("t")), 2**63 - 1, 1) is UNKNOWN  # -t clamps to 0 only when t >= s
+    assert sliced(S("s"), Difference(0, S("s")), S("s"), 1) is UNKNOWN  # only up to the end is taken
+    assert sliced(S("s"), -3, 2**63 - 1, 1) == Minimum(3, S("s"))
 
 
 def test_a_clamped_dim_broadcast_against_what_it_clamps_is_that_dim():
@@ -274,16 +255,16 @@ def test_a_clamped_dim_broadcast_against_what_it_clamps_is_that_dim():
     )
     adapter = OnnxAdapter(model)
     values = adapter.main.values
-    assert values["positions"].shape == (1, S("min(64,s)"))
+    assert values["positions"].shape == (1, Minimum(64, S("s")))
     assert values["expanded"].shape == (S("b"), S("s"))
     assert values["summed"].shape == (S("b"), S("s"), 4)
     for sizes in ({"b": 2, "s": 5}, {"b": 3, "s": 1}):
         _check_against_runtime(model, adapter, sizes, names={"expanded", "summed"})
     clamped = dim_algebra.clamped_to
-    assert clamped(S("min(64,s)"), [S("s"), 1]) == S("s")
-    assert clamped(S("min(0,s)"), [S("s")]) == S("min(0,s)")  # min(0, s) is 0, and broadcast(0, 1) is 0
-    assert clamped(S("min(s,t)"), [S("s")]) == S("min(s,t)")  # t may be neither 1 nor s
-    assert clamped(S("min(64,s)"), [S("t")]) == S("min(64,s)")  # against another dim: nothing to say
+    assert clamped(Minimum(64, S("s")), [S("s"), 1]) == S("s")
+    assert clamped(Minimum(0, S("s")), [S("s")]) == Minimum(0, S("s"))  # min(0, s) is 0, and broadcast(0, 1) is 0
+    assert clamped(Minimum(S("s"), S("t")), [S("s")]) == Minimum(S("s"), S("t"))  # t may be neither 1 nor s
+    assert clamped(Minimum(64, S("s")), [S("t")]) == Minimum(64, S("s"))  # against another dim: nothing to say
 
 
 # ---------------------------------------------------------------- Flatten, Trilu, Size
@@ -304,14 +285,14 @@ def test_flatten_trilu_and_size():
         [_tensor(n, FLOAT, None) for n in ("f2", "f0", "f_last", "lower", "flat")], [_ints("zero", [0])],
     )
     adapter = _infer(model, {
-        "f2": (S("(b*s)"), 8),
-        "f0": (1, S("((b*s)*8)")),
-        "f_last": (S("(b*s)"), 8),
+        "f2": (Product(S("b"), S("s")), 8),
+        "f0": (1, Product(Product(S("b"), S("s")), 8)),
+        "f_last": (Product(S("b"), S("s")), 8),
         "lower": (S("b"), S("s"), S("s")),
         "size": (),
-        "flat": (S("((b*s)*8)"),),
+        "flat": (Product(Product(S("b"), S("s")), 8),),
     })
-    assert adapter.main.values["size"].contents == [S("((b*s)*8)")]
+    assert adapter.main.values["size"].contents == [Product(Product(S("b"), S("s")), 8)]
 
 
 # ---------------------------------------------------------------- values used as shapes
@@ -492,7 +473,7 @@ def test_symbols_onnx_makes_up_are_local_to_the_node(monkeypatch):
     model = _model([helper.make_node("Einsum", ["x"], ["out"], equation="ij->ij")], [_tensor("x", FLOAT, ["b", 8])],
                    [_tensor("out", FLOAT, None)])
     shape = OnnxAdapter(model).main.values["out"].shape
-    assert shape == (S("fresh@out"), S("fresh@out"), UNKNOWN, S("b"), 4)
+    assert shape == (Local("fresh", "out"), Local("fresh", "out"), UNKNOWN, S("b"), 4)
 
 
 def test_onnx_is_asked_once_per_kind_of_node(monkeypatch):
@@ -528,18 +509,27 @@ def test_ops_of_other_domains_are_left_alone():
 # ---------------------------------------------------------------- the dim algebra
 
 
-def test_expression_names_are_read_only_where_unambiguous():
+def test_terms_are_read_as_polynomials_and_a_models_names_as_atoms():
     poly = dim_algebra.polynomial
-    assert poly(S("(batch*seq)")) == {("batch", "seq"): 1}
-    assert poly(S("(seq+-1)")) == {("seq",): 1, (): -1}
-    assert poly(S("(min(1,seq)+seq)")) == {("min(1,seq)",): 1, ("seq",): 1}
+    batch, seq = S("batch"), S("seq")
+    clamp = Minimum(1, seq)
+    assert poly(Product(batch, seq)) == {(batch, seq): 1}
+    assert poly(Sum(seq, -1)) == {(seq,): 1, (): -1}
+    assert poly(Sum(clamp, seq)) == {(clamp,): 1, (seq,): 1}
     # A user's dim named with an operator in it is one atom, never split.
-    assert poly(S("(2*seq + 1)")) == {("(2*seq + 1)",): 1}
-    assert poly(S("past_sequence_length + 1")) == {("past_sequence_length + 1",): 1}
-    assert poly(S("(a-b+x)")) == {("(a-b+x)",): 1}
-    assert dim_algebra.at_least(S("(1+seq)"), S("(min(1,seq)+seq)"))
-    assert not dim_algebra.at_least(S("seq"), S("(min(1,seq)+seq)"))
-    assert not dim_algebra.at_least(S("(seq-1)"), 0)
+    for name in ("(2*seq + 1)", "past_sequence_length + 1", "(a-b+x)", "(batch*seq)", "min(1,seq)"):
+        assert poly(S(name)) == {(S(name),): 1}
+    assert dim_algebra.at_least(Sum(1, seq), Sum(clamp, seq))
+    assert not dim_algebra.at_least(seq, Sum(clamp, seq))
+    assert not dim_algebra.at_least(Difference(seq, 1), 0)
+
+
+def test_a_sum_thousands_deep_is_read_as_a_polynomial():
+    seq, total = S("seq"), 0
+    for _ in range(5000):
+        total = Sum(total, seq) if total else seq
+    assert dim_algebra.polynomial(total) == {(seq,): 5000}
+    assert dim_algebra.at_least(total, seq)
 
 
 # ---------------------------------------------------------------- the exports

@@ -19,7 +19,7 @@ from rewrite.backends.mil.bounds import BoundsProver
 from rewrite.backends.mil.pymil import Block, Operation, Program, Var
 from rewrite.backends.mil.vars import input_of, shape_of_type, vars_in
 from rewrite.engine import shape_values
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.logic import UNKNOWN, Local, Symbol, Term
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
 from rewrite.engine.shapes import multiply as dims_multiply
@@ -45,7 +45,7 @@ class ShapeProofs:
         self._input_dim_bounds: dict | None = None
         # id(var) -> (var, its symbol), and each such symbol's bounds (`_value_symbol`).
         self._value_symbols: dict[int, tuple] = {}
-        self._value_symbol_bounds: dict[Symbol, tuple] = {}
+        self._value_symbol_bounds: dict[Local, tuple] = {}
 
     def dim_source(self, dim) -> tuple[Var, int] | None:
         """(function input, axis) where the symbolic dim `dim` is the input's own, the
@@ -57,12 +57,12 @@ class ShapeProofs:
             for function in self.program.functions.values():
                 for var in function.inputs.values():
                     for axis, d in enumerate(shape_of_type(var.sym_type) or ()):
-                        if isinstance(d, Symbol):
+                        if isinstance(d, Term):
                             sources.setdefault(d, (var, axis))
                             seen_in.setdefault(d, set()).add(id(function))
             sources = {d: source for d, source in sources.items() if len(seen_in[d]) == 1}
             self._dim_sources = sources
-        return sources.get(dim) if isinstance(dim, Symbol) else None
+        return sources.get(dim) if isinstance(dim, Term) else None
 
     def shape(self, value: Var):
         """`value`'s dims as coremltools states them, but None where that type is known
@@ -299,7 +299,7 @@ class ShapeProofs:
                             upper = None if upper is None or old_upper is None else max(upper, old_upper)
                         bounds[key] = (lower, upper)
             self._input_dim_bounds = bounds
-        if dim not in bounds and isinstance(dim, Symbol) and dim.name.startswith("@"):
+        if dim not in bounds and type(dim) is Local:
             return self._value_symbol_bounds.get(dim, (0, None))
         return bounds.get(dim, (0, None))
 
@@ -538,7 +538,7 @@ class ShapeProofs:
             # Named by a count of every symbol made, so that no two values share one
             # (an id reused by a new value gets a new name).
             bounds = self._value_symbol_bounds
-            found = symbols[id(value)] = (value, Symbol(f"@{len(bounds)}"))
+            found = symbols[id(value)] = (value, Local("", str(len(bounds))))
             bounds[found[1]] = (low, high)
         return [found[1]]
 

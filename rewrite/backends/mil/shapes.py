@@ -11,7 +11,17 @@ from rewrite.backends.mil.pymil import (
     types,
 )
 from rewrite.engine import shape_values
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal
+from rewrite.engine.logic import (
+    UNKNOWN,
+    Broadcast,
+    Difference,
+    Local,
+    Symbol,
+    Term,
+    Truth,
+    canonical_key,
+    equal,
+)
 from rewrite.engine.shapes import multiply as dims_multiply
 
 UNARY_ELEMENTWISE = frozenset(
@@ -75,10 +85,26 @@ def shape_operands(op: Operation) -> list:
 
 
 def never_negative(dim) -> bool:
-    """A literal >= 0, or a symbol for a size or a sum or product of sizes (not a difference)."""
-    if isinstance(dim, int):
-        return dim >= 0
-    return isinstance(dim, Symbol) and "-" not in dim.name
+    """A literal >= 0, or a size, or a sum or product of sizes (not a difference)."""
+    pending = [dim]
+    while pending:  # a stack, not recursion: a concat's sum of sizes may be thousands deep
+        dim = pending.pop()
+        if isinstance(dim, int):
+            if dim < 0:
+                return False
+        elif isinstance(dim, Symbol):
+            # A coremltools expression is one leaf, named by sympy: one with a minus may be negative.
+            if "-" in dim.name:
+                return False
+        elif isinstance(dim, Local):
+            continue  # a value proved non-negative (`ShapeProofs._value_symbol`)
+        elif isinstance(dim, Difference) or not isinstance(dim, Term):
+            return False
+        elif isinstance(dim, Broadcast):
+            pending.extend(dim.parts)
+        else:  # a sum, product or minimum
+            pending.extend((dim.left, dim.right))
+    return True
 
 
 def factors(dims) -> tuple[int, Counter] | None:
@@ -87,7 +113,7 @@ def factors(dims) -> tuple[int, Counter] | None:
     for d in dims:
         if isinstance(d, int):
             coefficient *= d
-        elif isinstance(d, Symbol):
+        elif isinstance(d, Term):
             symbols[d] += 1
         else:
             return None
@@ -113,7 +139,7 @@ def reshaped(source, shape):
     if any(count < 0 for count in remaining.values()):
         return None
     inferred = coefficient // denominator[0]
-    for symbol, count in sorted(remaining.items(), key=lambda item: item[0].name):
+    for symbol, count in sorted(remaining.items(), key=lambda item: canonical_key(item[0])):
         for _ in range(count):
             inferred = dims_multiply(inferred, symbol)
     return tuple(inferred if d == -1 else d for d in shape)

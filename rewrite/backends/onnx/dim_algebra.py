@@ -8,113 +8,78 @@ provably not negative, and the min(k, x) a slice of a buffer gives.
 from __future__ import annotations
 
 import functools
-import re
 
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
+from rewrite.engine.logic import UNKNOWN, Arithmetic, Difference, Minimum, Sum, Term, canonical_key, is_literal
 
-# A dim is read as a polynomial over atoms (integer
-# coefficients) when its name is one `rewrite.engine.shapes` builds, such as
-# "(batch*seq)" or "(past+seq)", and whose every leaf is a plain name or an
-# integer; any other symbol is one atom, named by itself. Nothing is assumed
-# about an atom but its name: two atoms are one number only when the names
-# are equal. An atom whose name does not start with "(" is a size (the dim
-# of some tensor, or an expression of sizes that is one), so never negative.
+# A dim is read as a polynomial over atoms, with integer coefficients: the
+# sums, differences and products `rewrite.engine.shapes` builds are taken
+# apart; any other term (a named size, a min, a broadcast) is one atom.
+# Nothing is assumed about an atom but what it is: two atoms are one number
+# only when they are the same term. Every atom is a size (the dim of some
+# tensor, or a min or broadcast of sizes), so never negative, except an
+# arithmetic term kept whole because its polynomial grew too long.
 
 _MAX_TERMS = 16
-_OPERATOR_CHARACTERS = frozenset("()+-*,")
 
 
 def polynomial(dim) -> dict | None:
-    """`dim` as {monomial (sorted atom names): coefficient}; None for UNKNOWN or a non-integer."""
+    """`dim` as {monomial (its atoms, in canonical order): coefficient}; None for UNKNOWN or a non-integer."""
     if type(dim) is int or (is_literal(dim) and float(dim).is_integer()):
         return {(): int(dim)} if dim else {}
-    if type(dim) is not Symbol:
+    if not isinstance(dim, Term):
         return None
-    return _poly_of_name(dim.name)
+    return _polynomial_of_term(dim)
 
 
 @functools.lru_cache(maxsize=4096)
-def _poly_of_name(name: str) -> dict | None:
-    if name.startswith("("):
-        parsed = _parse_expression(name)
-        if parsed is not None:
-            return parsed
-    return {(name,): 1}
+def _polynomial_of_term(term: Term) -> dict:
+    if isinstance(term, Arithmetic):
+        combined = _combined(term)
+        if combined is not None:
+            return combined
+    return {(term,): 1}
 
 
-def _parse_expression(name: str) -> dict | None:
-    """"(L op R)" as built by `dims.add`/`subtract`/`multiply`; None if it is not one."""
-    if not (name.startswith("(") and name.endswith(")")):
-        return None
-    inner, depth = name[1:-1], 0
-    for position, character in enumerate(inner):
-        if character == "(":
-            depth += 1
-        elif character == ")":
-            depth -= 1
-            if depth < 0:
-                return None
-        elif depth == 0 and character in "+-*" and position > 0:
-            left, right = _parse_operand(inner[:position]), _parse_operand(inner[position + 1 :])
-            if left is None or right is None:
-                return None
-            if character == "+":
-                return _poly_add(left, right)
-            if character == "-":
-                return _poly_add(left, _poly_scale(right, -1))
-            return _poly_multiply(left, right)
-    return None
+def _combined(term: Arithmetic) -> dict | None:
+    """The polynomial of `term`, its sums, differences and products taken apart; None if
+    one grows past `_MAX_TERMS` on the way."""
+    # Operands first, with a stack: a Concat of thousands of inputs along a
+    # symbolic axis builds a sum that deep, past what recursion allows.
+    done: dict[int, dict | None] = {}
+    stack = [term]
+    while stack:
+        node = stack[-1]
+        if id(node) in done:
+            stack.pop()
+            continue
+        pending = [part for part in (node.left, node.right) if isinstance(part, Arithmetic) and id(part) not in done]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        left, right = (done[id(part)] if isinstance(part, Arithmetic) else _atom(part)
+                       for part in (node.left, node.right))
+        if left is None or right is None:
+            done[id(node)] = None
+        elif type(node) is Sum:
+            done[id(node)] = _poly_add(left, right)
+        elif type(node) is Difference:
+            done[id(node)] = _poly_add(left, _poly_scale(right, -1))
+        else:
+            done[id(node)] = _poly_multiply(left, right)
+    return done[id(term)]
 
 
-def _parse_operand(text: str) -> dict | None:
-    if text.startswith("("):
-        return _parse_expression(text)
-    try:
-        number = int(text)
-    except ValueError:
-        pass
-    else:
-        return {(): number} if number else {}
-    if _CALL.fullmatch(text) and _balanced(text):
-        return {(text,): 1}  # min(a,b), broadcast(a,b): one atom, its operators all inside
-    if not text or _OPERATOR_CHARACTERS.intersection(text):
-        return None  # a leaf that could be read more than one way
-    return {(text,): 1}
+def _atom(dim) -> dict:
+    """The polynomial of an int, or of a term that is not arithmetic: one atom."""
+    if type(dim) is int:
+        return {(): dim} if dim else {}
+    return {(dim,): 1}
 
 
-_CALL = re.compile(r"[A-Za-z_]\w*\(.*\)")
-
-
-def _balanced(text: str) -> bool:
-    """Parentheses that open at the first one and close only at the end."""
-    depth = 0
-    for position, character in enumerate(text):
-        if character == "(":
-            depth += 1
-        elif character == ")":
-            depth -= 1
-            if depth < 0 or (depth == 0 and position != len(text) - 1):
-                return False
-    return depth == 0
-
-
-def _arguments(name: str) -> list[str] | None:
-    """The arguments of a "min(a,b)" atom; None for any other name."""
-    if not (name.startswith("min(") and _balanced(name)):
-        return None
-    parts, depth, start = [], 0, 4
-    for position in range(4, len(name) - 1):
-        character = name[position]
-        if character == "(":
-            depth += 1
-        elif character == ")":
-            depth -= 1
-        elif character == "," and depth == 0:
-            parts.append(name[start:position])
-            start = position + 1
-    parts.append(name[start:-1])
-    return parts
+def _monomial(atoms) -> tuple:
+    return tuple(sorted(atoms, key=canonical_key))
 
 
 def _poly_add(left: dict, right: dict) -> dict | None:
@@ -138,7 +103,7 @@ def _poly_multiply(left: dict | None, right: dict | None) -> dict | None:
     result: dict | None = {}
     for a, x in left.items():
         for b, y in right.items():
-            result = _poly_add(result, {tuple(sorted(a + b)): x * y})
+            result = _poly_add(result, {_monomial(a + b): x * y})
             if result is None:
                 return None
     return result
@@ -177,7 +142,7 @@ def _poly_quotient(total: dict | None, divisor: dict | None) -> dict | None:
 
 def _sizes_only(poly: dict) -> bool:
     """Whether every atom of `poly` is a size (never negative)."""
-    return all(not atom.startswith("(") for monomial in poly for atom in monomial)
+    return all(not isinstance(atom, Arithmetic) for monomial in poly for atom in monomial)
 
 
 def _nonnegative(poly: dict | None) -> bool:
@@ -211,22 +176,15 @@ def _provably_nonnegative(poly: dict | None, depth: int) -> bool:
     for monomial, coefficient in poly.items():
         if len(monomial) != 1 or coefficient >= 0:
             continue
-        arguments = _arguments(monomial[0])
-        if arguments is None:
+        atom = monomial[0]
+        if type(atom) is not Minimum:
             continue
         rest = {m: c for m, c in poly.items() if m != monomial}
-        for argument in arguments:
-            bound = polynomial(_dim_of_text(argument))
+        for argument in (atom.left, atom.right):
+            bound = polynomial(argument)
             if bound is not None and _provably_nonnegative(_poly_add(rest, _poly_scale(bound, coefficient)), depth - 1):
                 return True
     return False
-
-
-def _dim_of_text(text: str):
-    try:
-        return int(text)
-    except ValueError:
-        return Symbol(text)
 
 
 def _dim_of_poly(poly: dict | None):
@@ -237,14 +195,14 @@ def _dim_of_poly(poly: dict | None):
         return 0
     terms = []
     constant = 0
-    for monomial in sorted(poly, key=lambda m: (len(m), m)):
+    for monomial in sorted(poly, key=lambda m: (len(m), [canonical_key(atom) for atom in m])):
         coefficient = poly[monomial]
         if not monomial:
             constant = coefficient
             continue
-        term = Symbol(monomial[0])
+        term = monomial[0]
         for atom in monomial[1:]:
-            term = dims.multiply(term, Symbol(atom))
+            term = dims.multiply(term, atom)
         terms.append(dims.multiply(coefficient, term) if coefficient != 1 else term)
     result = terms[0] if terms else constant
     for term in terms[1:]:
@@ -290,8 +248,7 @@ def minimum(size, other):
         return size
     if size is UNKNOWN or other is UNKNOWN:
         return UNKNOWN
-    names = sorted((str(size), str(other)))
-    return Symbol(f"min({names[0]},{names[1]})")
+    return Minimum(*sorted((size, other), key=canonical_key))
 
 
 def clamped_to(dim, others):
@@ -303,19 +260,13 @@ def clamped_to(dim, others):
     (k >= 1 matters: min(0, x) is 0, and broadcast(0, 1) is 0, not 1.) BERT's position and token-type ids are a
     buffer sliced to min(max_positions, seq) that meets seq-long tensors this way.
     """
-    if type(dim) is not Symbol:
+    if type(dim) is not Minimum:
         return dim
-    arguments = _arguments(dim.name)
-    if arguments is None or len(arguments) != 2:
-        return dim
-    for bound, argument in (arguments, arguments[::-1]):
-        try:
-            if int(bound) < 1:
-                continue
-        except ValueError:
+    for bound, argument in ((dim.left, dim.right), (dim.right, dim.left)):
+        if type(bound) is not int or bound < 1:
             continue
         for other in others:
-            if type(other) is Symbol and other.name == argument:
+            if isinstance(other, Term) and other == argument:
                 return other
     return dim
 
@@ -329,7 +280,7 @@ def broadcast_shapes(*shapes):
         if shape is None:
             return None
         for d in shape:
-            if type(d) is Symbol and d.name.startswith("min("):
+            if type(d) is Minimum:
                 clamped = True
     if not clamped:
         return dims.broadcast_shapes(*shapes)

@@ -27,7 +27,7 @@ from rewrite.backends.onnx.graph import Node, Value
 from rewrite.backends.onnx.node_inputs import Context
 from rewrite.backends.onnx.tensors import ELEMENT_TYPES, dtype_name
 from rewrite.engine.interfaces import ModelError
-from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
+from rewrite.engine.logic import UNKNOWN, Local, Term, is_literal
 
 _PLACEHOLDER = "__rewrite_dim_"
 # Inputs up to this many elements are passed to onnx as data: the integer
@@ -67,7 +67,7 @@ def infer_by_onnx(adapter: Context, node: Node) -> list | None:
             for dim in shape:
                 if dim is UNKNOWN:
                     key.append(None)
-                elif type(dim) is Symbol:
+                elif isinstance(dim, Term):
                     key.append(("s", symbols.setdefault(dim, len(symbols))))
                 else:
                     key.append(int(dim))
@@ -97,7 +97,7 @@ def infer_by_onnx(adapter: Context, node: Node) -> list | None:
             shape = tuple(
                 UNKNOWN if dim is None
                 else by_index[dim[1]] if type(dim) is tuple and dim[0] == "s"
-                else Symbol(f"{dim[1]}@{local}") if type(dim) is tuple
+                else Local(dim[1], local) if type(dim) is tuple
                 else dim
                 for dim in shape
             )

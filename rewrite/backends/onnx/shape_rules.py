@@ -16,7 +16,7 @@ from rewrite.backends.onnx import node_inputs as read
 from rewrite.backends.onnx import tensors as onnx_tensors
 from rewrite.backends.onnx.graph import Node, Value
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
+from rewrite.engine.logic import UNKNOWN, Term, is_literal
 
 
 def _same(adapter, node):
@@ -361,7 +361,7 @@ def _top_k(adapter, node):
     axis = read.attribute(node, "axis", -1)
     axis = axis + len(shape) if axis < 0 else axis
     k = read.attribute(node, "k") if len(node.inputs) < 2 else read.scalar(adapter, node, 1)
-    if k is None or not (is_literal(k) and k >= 0 or isinstance(k, Symbol)):
+    if k is None or not (is_literal(k) and k >= 0 or isinstance(k, Term)):
         k = UNKNOWN
     result = tuple(k if position == axis else dim for position, dim in enumerate(shape))
     return [(result, read.dtype(node)), (result, "int64")]

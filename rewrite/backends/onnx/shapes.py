@@ -41,7 +41,7 @@ from rewrite.backends.onnx.shape_contents import CONTENTS
 from rewrite.backends.onnx.shape_rules import RULES
 from rewrite.backends.onnx.tensors import dtype_name
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Symbol, is_literal
+from rewrite.engine.logic import UNKNOWN, Local, Symbol, is_literal
 
 # ---------------------------------------------------------------- declarations
 
@@ -60,8 +60,8 @@ def declare(value: Value, info: onnx.ValueInfoProto, trusted: bool) -> None:
         if dim.HasField("dim_value") and dim.dim_value >= 0:
             shape.append(int(dim.dim_value))
         elif dim.HasField("dim_param") and dim.dim_param:
-            name = dim.dim_param if trusted else f"{dim.dim_param}@{value.name}:{axis}"
-            shape.append(Symbol(name))
+            # A leaf, whatever characters the name holds: "(a+b)" is a name here, not a sum.
+            shape.append(Symbol(dim.dim_param) if trusted else Local(dim.dim_param, f"{value.name}:{axis}"))
         else:
             shape.append(UNKNOWN)
     value.shape = tuple(shape)
