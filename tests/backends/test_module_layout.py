@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import rewrite
+from rewrite.language.cycles import _strongly_connected
 
 ROOT = Path(rewrite.__file__).parent
 BACKENDS = ("onnx", "mil")
@@ -55,35 +56,10 @@ def _graph(package: str) -> dict[str, set[str]]:
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected group of more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-
-    def visit(module: str) -> None:
-        index[module] = low[module] = len(index)
-        stack.append(module)
-        for other in sorted(graph[module]):
-            if other not in index:
-                visit(other)
-                low[module] = min(low[module], low[other])
-            elif other in stack:
-                low[module] = min(low[module], index[other])
-        if low[module] == index[module]:
-            group = []
-            while True:
-                member = stack.pop()
-                group.append(member)
-                if member == module:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for module in sorted(graph):
-        if module not in index:
-            visit(module)
-    return groups
+    """Every strongly connected group of more than one module."""
+    edges = {module: [(other, None) for other in sorted(imported)] for module, imported in graph.items()}
+    groups = _strongly_connected(sorted(graph), edges)
+    return sorted(sorted(group) for group in groups if len(group) > 1)
 
 
 @pytest.mark.parametrize("package", BACKENDS)

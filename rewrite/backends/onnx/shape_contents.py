@@ -36,11 +36,6 @@ def _unsqueeze_contents(adapter, node):
     return list(source.contents)
 
 
-def _squeeze_contents(adapter, node):
-    source = read.operand(node, 0)
-    return None if source is None else source.contents
-
-
 def _concat_contents(adapter, node):
     return shape_values.concatenated([None if v is None else v.contents for v in node.inputs])
 
@@ -199,7 +194,7 @@ CONTENTS = {
     "Gather": _gather_contents,
     "Slice": _slice_contents,
     "Unsqueeze": _unsqueeze_contents,
-    "Squeeze": _squeeze_contents,
+    "Squeeze": _passthrough_contents,
     "Cast": _cast_contents,
     "Identity": _passthrough_contents,
     "Size": _size_contents,
