@@ -17,8 +17,10 @@ dtype's precision). Two allowances, each for what a fused op may do:
   over the row), never a number where it computed NaN: NaN still says the
   input was bad, where a number would hide it;
 - with the largest finite values in the inputs, an element either side
-  computes as inf or NaN has overflowed, and is not compared (exp(x)/sum(exp(x))
-  at x = 1e30 is NaN, and the fused softmax is right where it is not).
+  computes as inf or NaN, or past sqrt(largest finite) in magnitude, is in
+  the overflow regime, and is not compared (exp(x)/sum(exp(x)) at x = 1e30 is
+  NaN, and the fused softmax is right where it is not; a mask of -3.4e38
+  masks nothing against scores of that size).
 
 So a rule that turns inf - inf into 0 is caught on the specials round, and
 x/x into 1 on the edges round.
@@ -112,8 +114,14 @@ def check(rule: ast.Rule, instance: Instance) -> Outcome:
     floats = any(dtype in ("fp16", "fp32") for name, dtype, _ in instance.inputs if name != "flag")
     kinds: set[str] = set()
     skipped = 0
+    contracting = any(op_type in backend.EXAMPLE_FACTS.contractions for _, op_type, _ in instance.ops)
     for binding, kind in ROUNDS:
         if kind in (SPECIALS, LARGE) and not floats:
+            continue
+        if kind == LARGE and contracting:
+            # A dot product of the largest values overflows in any order of
+            # summation, and no two kernels promise the same one: nothing to compare.
+            kinds.add(kind)
             continue
         feeds = feeds_for(rng, instance, binding, kind)
         try:
@@ -167,7 +175,11 @@ def compare(name: str, expected: np.ndarray, got, kind: str = PLAIN) -> str | No
     if kind == SPECIALS:
         close |= np.isnan(got)
     elif kind == LARGE:
-        close |= ~np.isfinite(expected) | ~np.isfinite(got)
+        # The overflow regime: past sqrt(largest finite) a product of two
+        # such values overflows, so either form's intermediates may have.
+        regime = np.sqrt(np.finfo(expected.dtype).max)
+        with np.errstate(invalid="ignore"):
+            close |= ~(np.abs(expected) < regime) | ~(np.abs(got) < regime)
     if np.all(close):
         return None
     where = tuple(int(i) for i in np.argwhere(~close)[0])

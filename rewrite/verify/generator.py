@@ -195,11 +195,14 @@ class Generator:
         """A constant operand, shaped by what the operand means, from the rule's targets where it has some."""
         c = self.c
         wanted = self.targets.get(var, []) if var is not None else []
+        if wanted and self.dtype in ("fp32", "fp16") and operand not in self.facts.constant_operands:
+            wanted = [w if isinstance(w, bool) else float(w) for w in wanted]  # `== 1` of a float is 1.0
         if wanted:
             # The values the conditions compare against, exactly, first; then
             # those beside the first; then whatever the operand usually takes.
             pool = [*wanted, *nearby(wanted[0]), "other"]
-            value = c.choice(dict.fromkeys(pool), [8] * len(wanted) + [1] * (len(dict.fromkeys(pool)) - len(wanted)))
+            pool = list(dict.fromkeys(pool))
+            value = c.choice(pool, [8] * len(wanted) + [1] * (len(pool) - len(wanted) - 1) + [6])
             if value != "other":
                 if isinstance(value, bool) or operand in self.facts.constant_operands:
                     return value

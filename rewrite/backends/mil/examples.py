@@ -27,7 +27,7 @@ EXAMPLE_FACTS = ExampleFacts(
         "reps", "shape", "perm", "dtype", "axis", "axes", "keep_dims", "begin", "end", "stride", "begin_mask", "end_mask",
         "squeeze_mask",
     }),
-    contractions=frozenset({"matmul"}),
+    contractions=frozenset({"matmul", "scaled_dot_product_attention"}),
     flag_input=("flag", "fp32", [1]),
     # MilAdapter.scaling: a mul by k on either side, a real_div by 1/k.
     scalings=(Scaling("mul", "x", "y"), Scaling("mul", "y", "x"), Scaling("real_div", "x", "y", divides=True)),

@@ -17,7 +17,7 @@ EXAMPLE_FACTS = ExampleFacts(
     extra_consumer="Exp",
     unary_operand="input",
     constant_operands=frozenset({"repeats", "shape", "perm", "axes", "keepdims", "starts", "ends", "steps", "pads"}),
-    contractions=frozenset({"MatMul"}),
+    contractions=frozenset({"MatMul", "Attention"}),
     flag_input=("flag", "bool", []),
     # OnnxAdapter.scaling: a Mul by k on either side, a Div by 1/k.
     scalings=(Scaling("Mul", "A", "B"), Scaling("Mul", "B", "A"), Scaling("Div", "A", "B", divides=True)),
