@@ -113,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--trials", type=_positive, default=50, metavar="N",
                         help="instances to try per rule (default: %(default)s)")
     verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: %(default)s)")
+    verify.add_argument("--allow-unexercised", action="store_true",
+                        help="exit 0 although no instance fired some rule (NONE: nothing was checked)")
 
     check = commands.add_parser("check", help="parse and check rules files", **described)
     check.add_argument("rules", nargs="+", metavar="RULES", help=".rules files or folders")
@@ -343,7 +345,8 @@ def _verify(arguments) -> int:
     with numpy.errstate(all="ignore"):
         for rule in rule_set.rules:
             verdict = verify_rule(rule, trials=arguments.trials, seed=arguments.seed)
-            failed += not verdict.passed
+            # NONE checked nothing: a finding, like FAIL, unless the user says it may be.
+            failed += verdict.counterexample is not None or (not verdict.conclusive and not arguments.allow_unexercised)
             print(format_verdict(verdict))
     return EXIT_FINDINGS if failed else EXIT_OK
 

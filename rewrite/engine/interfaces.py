@@ -67,6 +67,36 @@ class NamedValue:
     name: str
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """One way a dialect spells `k·x` for a constant k: `op_type(value_operand=x, factor_operand=k)`,
+    or `x / (1/k)` where `divides`."""
+
+    op_type: str
+    value_operand: str
+    factor_operand: str
+    divides: bool = False
+
+
+@dataclass(frozen=True)
+class ExampleFacts:
+    """What `rewrite verify` needs to know of a dialect to build random instances of its rules.
+
+    A backend that builds rule examples (`build_example`) declares these, so
+    that the instance generator holds no dialect's spellings of its own.
+    """
+
+    opsets: tuple  # None (the backend's default) first, then oldest to newest
+    dtypes: tuple[str, ...]  # the data dtype first, then the others an instance may take
+    extra_consumer: str  # a unary op that reads any value: a use the rule does not expect
+    unary_operand: str  # that op's operand name
+    constant_operands: frozenset[str]  # operands that are constants whatever the conditions say
+    contractions: frozenset[str]  # ops that contract their operands' matrix axes
+    flag_input: tuple  # (name, dtype, dims) of the predicate input of a nested instance
+    scalings: tuple[Scaling, ...]  # the spellings of k·x that `unscaled` and `scale_of` see through
+    old_broadcast_below: int | None = None  # opsets below this broadcast only when told (`broadcast=1`)
+
+
 class OperandRejected(Exception):
     """Raised by an adapter's `output_types_with`: the op's own type inference
     refuses the new operand outright (a concat whose other operands no longer

@@ -40,6 +40,57 @@ def _example_programs(rule):
         yield backend.build_example(inputs, example_ops(example.statements), outputs, opset=example.opset)
 
 
+def _generated_programs(rule, count: int = 8):
+    """Programs `rewrite verify`'s generator builds for `rule` (its examples stripped): the whole
+    pattern, with the conditions' own constants and those beside them."""
+    from dataclasses import replace
+
+    from rewrite.verify.choices import plans
+    from rewrite.verify.generator import Generator
+
+    backend = backends.backend_module(rule.dialect)
+    built = 0
+    for instance in plans(Generator(replace(rule, examples=())).instance, 4 * count):
+        if instance is None:
+            continue
+        try:
+            program = backend.build_example(instance.inputs, instance.ops, instance.outputs,
+                                            nested_by="flag" if instance.nested else None, opset=instance.opset)
+        except Exception:
+            continue  # a graph the IR refuses is no instance
+        yield program
+        built += 1
+        if built == count:
+            return
+
+
+def _decide_both_ways(rule, program) -> int:
+    driver = Driver([rule], backends.adapter_for(program), registered_predicates())
+    decided = 0
+    for anchor in driver.candidates(rule):
+        untraced = driver.decide(rule, anchor)
+        traced = driver.decide(rule, anchor, traced=True)
+        assert (traced.matched, traced.truth, traced.env, traced.exhausted) == (
+            untraced.matched, untraced.truth, untraced.env, untraced.exhausted), rule.name
+        if traced.matched and not traced.fires and not traced.exhausted:
+            assert traced.failure is not None, rule.name  # a traced decision that did not hold says why
+        decided += traced.matched
+    return decided
+
+
+@pytest.mark.parametrize("dialect", ["onnx", "mil"])
+def test_every_shipped_condition_decides_the_same_on_generated_instances(dialect):
+    """The same, on the verify generator's instances of each rule, which reach conditions its examples do not."""
+    rules = SHIPPED.for_dialect(dialect)
+    decided = fired = 0
+    with np.errstate(all="ignore"):
+        for rule in rules:
+            for program in _generated_programs(rule):
+                decided += _decide_both_ways(rule, program)
+                fired += 1
+    assert decided > 100 and fired > 100
+
+
 @pytest.mark.parametrize("dialect", ["onnx", "mil"])
 def test_every_shipped_condition_decides_the_same_traced_and_untraced(dialect):
     """Each rule at every anchor of its own examples' programs (those that fire and those that must not:

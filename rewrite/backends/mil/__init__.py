@@ -21,13 +21,20 @@ The names below are the backend's public API.
 
 from rewrite.backends.mil.adapter import DIALECT, SCHEMA, MilAdapter, MilSchema
 from rewrite.backends.mil.copying import copy_program
-from rewrite.backends.mil.examples import SemanticProblem, build_example, evaluate_example, semantic_problems
+from rewrite.backends.mil.examples import (
+    EXAMPLE_FACTS,
+    SemanticProblem,
+    build_example,
+    evaluate_example,
+    semantic_problems,
+)
 from rewrite.backends.mil.files import DEFAULT_UPPER_BOUND, MilSource, load_mlpackage, save_mlpackage
 from rewrite.backends.mil.passes import register_graph_pass
 from rewrite.backends.mil.pymil import Block, Function, MilError, Operation, Program, Var, count_ops, ct, mb, types
 
 __all__ = [
-    "DEFAULT_UPPER_BOUND", "DIALECT", "SCHEMA", "Block", "Function", "MilAdapter", "MilError", "MilSchema",
+    "DEFAULT_UPPER_BOUND", "DIALECT", "EXAMPLE_FACTS", "SCHEMA", "Block", "Function", "MilAdapter", "MilError",
+    "MilSchema",
     "MilSource", "Operation", "Program", "SemanticProblem", "Var", "build_example", "copy_program", "count_ops",
     "ct", "evaluate_example", "load_mlpackage", "mb", "register_graph_pass", "save_mlpackage", "semantic_problems",
     "types",

@@ -16,7 +16,22 @@ from rewrite.backends.mil.pymil import (
     mb,
     types,
 )
-from rewrite.engine.interfaces import NamedValue
+from rewrite.engine.interfaces import ExampleFacts, NamedValue, Scaling
+
+EXAMPLE_FACTS = ExampleFacts(
+    opsets=(None, "iOS15", "iOS16", "iOS17"),
+    dtypes=("fp32", "fp16", "int32", "bool"),
+    extra_consumer="exp",
+    unary_operand="x",
+    constant_operands=frozenset({
+        "reps", "shape", "perm", "dtype", "axis", "axes", "keep_dims", "begin", "end", "stride", "begin_mask",
+        "end_mask", "squeeze_mask",
+    }),
+    contractions=frozenset({"matmul", "scaled_dot_product_attention"}),
+    flag_input=("flag", "fp32", [1]),
+    # MilAdapter.scaling: a mul by k on either side, a real_div by 1/k.
+    scalings=(Scaling("mul", "x", "y"), Scaling("mul", "y", "x"), Scaling("real_div", "x", "y", divides=True)),
+)
 
 # ---------------------------------------------------------------- examples
 
@@ -117,9 +132,10 @@ def semantic_problems(program: Program) -> list[SemanticProblem]:
                     for x, y in zip(shape, output)
                 ):
                     problems.append(SemanticProblem(
-                        # By the operand value, not the op: a rule that rebuilds
-                        # the select under a new name did not add the problem.
-                        (op.inputs[name].name, name, tuple(map(str, output))),
+                        # By what is widened, not by op or value names: a rule that
+                        # rebuilds the select, or reads the same shape from another
+                        # value, did not add the problem (checking counts them).
+                        (name, tuple(map(str, shape)), tuple(map(str, output))),
                         f"select '{op.name}' broadcasts its operand '{name}' implicitly "
                         f"{tuple(map(str, shape))} -> {tuple(map(str, output))}; Core ML refuses that",
                     ))

@@ -19,12 +19,19 @@ The names below are the backend's public API.
 """
 
 from rewrite.backends.onnx.adapter import OnnxAdapter
-from rewrite.backends.onnx.examples import build_example, copy_program, evaluate_example, validate_example
+from rewrite.backends.onnx.examples import (
+    EXAMPLE_FACTS,
+    build_example,
+    copy_program,
+    evaluate_example,
+    validate_example,
+)
 from rewrite.backends.onnx.files import load_onnx, save_onnx
 from rewrite.backends.onnx.graph import Graph, Node, OnnxError, Value
 from rewrite.backends.onnx.schema import DIALECT, SCHEMA, OnnxSchema, count_nodes
 
 __all__ = [
-    "DIALECT", "SCHEMA", "Graph", "Node", "OnnxAdapter", "OnnxError", "OnnxSchema", "Value", "build_example",
+    "DIALECT", "EXAMPLE_FACTS", "SCHEMA", "Graph", "Node", "OnnxAdapter", "OnnxError", "OnnxSchema", "Value",
+    "build_example",
     "copy_program", "count_nodes", "evaluate_example", "load_onnx", "save_onnx", "validate_example",
 ]

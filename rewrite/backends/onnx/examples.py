@@ -10,7 +10,20 @@ from onnx import helper, numpy_helper
 from rewrite.backends.onnx import tensors as onnx_tensors
 from rewrite.backends.onnx.graph import OnnxError
 from rewrite.backends.onnx.schema import attribute_operand, schema_at
-from rewrite.engine.interfaces import NamedValue
+from rewrite.engine.interfaces import ExampleFacts, NamedValue, Scaling
+
+EXAMPLE_FACTS = ExampleFacts(
+    opsets=(None, 1, 6, 7, 8, 11, 13, 17, 21, 23),
+    dtypes=("fp32", "fp16", "int64", "bool"),
+    extra_consumer="Exp",
+    unary_operand="input",
+    constant_operands=frozenset({"repeats", "shape", "perm", "axes", "keepdims", "starts", "ends", "steps", "pads"}),
+    contractions=frozenset({"MatMul", "Attention"}),
+    flag_input=("flag", "bool", []),
+    # OnnxAdapter.scaling: a Mul by k on either side, a Div by 1/k.
+    scalings=(Scaling("Mul", "A", "B"), Scaling("Mul", "B", "A"), Scaling("Div", "A", "B", divides=True)),
+    old_broadcast_below=7,
+)
 
 _EXAMPLE_OPSET = 18
 
