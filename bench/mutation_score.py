@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -370,7 +370,7 @@ def mutants(folder: Path, only: set[str] | None = None):
                              {**sources, name: text[:begin] + rewritten + text[finish:]})
 
 
-def judge(mutant: Mutant, original: ast.Rule, trials: int) -> Outcome:
+def judge(mutant: Mutant, original: ast.Rule, trials: int, strip_examples: bool = False) -> Outcome:
     with tempfile.TemporaryDirectory() as scratch:
         for name, text in mutant.files.items():
             (Path(scratch) / name).write_text(text)
@@ -379,9 +379,13 @@ def judge(mutant: Mutant, original: ast.Rule, trials: int) -> Outcome:
             (rule,) = rule_set.rules
         except Exception as error:  # the deletion left the rule ill-formed: no mutant
             return Outcome(mutant, "does not load", str(error).splitlines()[0])
-        failed = [r for r in run_examples(rule_set) if not r.passed]
-        if failed:
-            return Outcome(mutant, "caught by examples", failed[0].description)
+        if strip_examples:
+            # verify alone: no example of the rule's file helps it, nor catches the mutant
+            rule, original = replace(rule, examples=()), replace(original, examples=())
+        else:
+            failed = [r for r in run_examples(rule_set) if not r.passed]
+            if failed:
+                return Outcome(mutant, "caught by examples", failed[0].description)
         verdict = verify_rule(rule, trials=trials, seed=0, necessity=False, shaped_by=original)
         if verdict.counterexample is not None:
             return Outcome(mutant, "caught by verify", verdict.counterexample.problem)
@@ -415,6 +419,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--rule", action="append", help="only these rules")
     parser.add_argument("--markdown", action="store_true", help="print the uncaught mutants as a table")
+    parser.add_argument("--strip-examples", action="store_true",
+                        help="judge by verify alone: the rules' in-file examples neither shape instances nor catch")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     np.seterr(all="ignore")
@@ -424,7 +430,7 @@ def main(argv=None) -> int:
     outcomes = []
     for dialect_folder in sorted(p for p in shipped.iterdir() if p.is_dir()):
         for mutant in mutants(dialect_folder, set(args.rule) if args.rule else None):
-            outcome = judge(mutant, originals[mutant.rule], args.trials)
+            outcome = judge(mutant, originals[mutant.rule], args.trials, args.strip_examples)
             outcomes.append(outcome)
             print(f"{outcome.verdict:20} {mutant.rule}: {mutant.deleted[:70]}", file=sys.stderr)
     loaded = [o for o in outcomes if o.verdict != "does not load"]
