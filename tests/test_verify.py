@@ -336,3 +336,14 @@ def test_the_docs_pow_two_example_fires(write_rules):
     (rule,) = rewrite.load_rules(write_rules(rule_text, "pow_two.rules")).only("pow_two").rules
     verdict = verify_rule(replace(rule, examples=()), trials=50, seed=SEED, necessity=False)
     assert verdict.passed, format_verdict(verdict)
+
+
+def test_a_deleted_structural_clause_is_caught_without_examples():
+    # Without `unscaled(%linear) is %x and unscaled(%half) is %x`, any value
+    # stands where x should: only instances shaped by the weaker rule show it.
+    (rule,) = SHIPPED.only("fuse_gelu_tanh").rules
+    rule = replace(rule, examples=())
+    (index,) = [i for i, c in enumerate(rule.conditions) if c.text.startswith("unscaled(%linear) is %x")]
+    weaker = replace(rule, conditions=rule.conditions[:index] + rule.conditions[index + 1:])
+    verdict = verify_rule(weaker, trials=100, seed=SEED, necessity=False, shaped_by=rule)
+    assert verdict.status == "FAIL", format_verdict(verdict)

@@ -83,18 +83,25 @@ def verify_rule(
 
     The first three fifths of the budget enumerate the small cases best-first
     (the plainest instance, then every single change to it, then pairs); the
-    rest are sampled with `seed`. Instances are shaped by `shaped_by`
-    (default: the rule itself), so that a rule with a condition dropped is
-    tried on the graphs the full rule expects.
+    rest are sampled with `seed`. With `shaped_by`, half the instances are
+    shaped by it and half by the rule itself, so that a rule with a
+    condition dropped is tried on the graphs the full rule expects and on
+    those only the weaker rule describes.
     """
     instances = nested = complete = skipped = refused = 0
     first_refusal = None
     counterexample = None
-    generator = Generator(shaped_by or rule)
-    rng = random.Random(seed)
-    enumerated = trials * 3 // 5
+    # Shaped by another rule (the full rule, for a rule with a clause dropped),
+    # half the budget is spent on its instances and half on the rule's own:
+    # a dropped structural clause (`unscaled(%h) is %x`) lets through graphs
+    # only the weaker rule's own shape has.
+    shapes = [shaped_by, rule] if shaped_by is not None and shaped_by is not rule else [rule]
+    generators = [Generator(shape) for shape in shapes]
+    budgets = [trials // len(shapes) + (i < trials % len(shapes)) for i in range(len(shapes))]
 
-    def candidates():
+    def candidates_of(generator: Generator, budget: int):
+        rng = random.Random(seed)
+        enumerated = budget * 3 // 5
         # Each source (the generator, each example) enumerated on its own,
         # in turn, so that no source's many single changes starve another's;
         # the generator, whose instances vary most, has every other turn.
@@ -106,8 +113,12 @@ def verify_rule(
         repeat = max(1, len(left) // max(1, len(rewritten)))
         others = [source for _ in range(repeat) for source in rewritten] + left
         yield from itertools.islice(round_robin(sources[0], others), enumerated)
-        for _ in range(trials - enumerated):
+        for _ in range(budget - enumerated):
             yield generator.instance(Choices(rng=rng))
+
+    def candidates():
+        for generator, budget in zip(generators, budgets):
+            yield from candidates_of(generator, budget)
 
     seen: set[str] = set()
     quiet = _QuietBackends()
@@ -141,7 +152,7 @@ def verify_rule(
             partial = max(verdict.instances - instances, 0) - extra
             results.append(Necessity(condition.text, str(condition.span), verdict.counterexample is not None,
                                      extra, max(partial, 0)))
-    unbuilt = tuple(sorted(generator.unbuilt.items(), key=lambda item: -item[1]))
+    unbuilt = tuple(sorted(generators[0].unbuilt.items(), key=lambda item: -item[1]))
     return Verdict(rule.name, trials, instances, counterexample, tuple(results), nested, complete, skipped,
                    refused, first_refusal, unbuilt)
 

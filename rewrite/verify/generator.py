@@ -262,6 +262,7 @@ class Generator:
         # The pattern's variables: their structure (one branch of each
         # disjunction), the values built for them, the factors of those scaled.
         self.structures = structures(self.rule, c.choice)
+        self.planned = self._plan_scales()
         self.values: dict[str, object] = {}
         self.scales: dict[str, float] = {}
         anchor = self.rule.anchor
@@ -368,20 +369,44 @@ class Generator:
         self.values[var] = value
         return value
 
+    def _plan_scales(self) -> dict[str, float]:
+        """Factors for the scaled variables that meet every `scale_of` equation at once.
+
+        A variable with no scaled structure has factor 1. Each round solves
+        the equations with one free variable left; where every equation has
+        several, the variable in most equations is set to 1 (no scaling).
+        """
+        free = {var for var, structure in self.structures.items() if structure.scaled}
+        planned: dict[str, float] = {}
+        pending = [e for e in self.equations if any(v in free for v in e.variables)]
+        while pending:
+            progress = False
+            for equation in list(pending):
+                unknown = [v for v in dict.fromkeys(equation.variables) if v in free and v not in planned]
+                if len(unknown) > 1:
+                    continue
+                pending.remove(equation)
+                if not unknown:
+                    continue
+                known = equation.factor
+                for other in equation.variables:
+                    if other != unknown[0]:
+                        known *= planned.get(other, 1.0)
+                value = equation.value / known if known else float("nan")
+                if np.isfinite(value) and value != 0:
+                    planned[unknown[0]] = value
+                progress = True
+            if not progress:
+                counts = Counter(v for e in pending for v in e.variables if v in free and v not in planned)
+                planned[counts.most_common(1)[0][0]] = 1.0
+        return planned
+
     def _scaled(self, graph: Instance, var: str, value: NamedValue) -> NamedValue:
         """`value`, or `value` times a constant: the factor that solves the rule's
         `scale_of` equations given the factors chosen so far, first; then none;
         then factors beside the solved one."""
         c = self.c
-        solved = []
-        for equation in self.equations:
-            if var in equation.variables:
-                others = equation.factor
-                for other in equation.variables:
-                    if other != var:
-                        others *= self.scales.get(other, 1.0)
-                if others != 0 and np.isfinite(equation.value / others):
-                    solved.append(equation.value / others)
+        solved = [self.planned[var]] if var in self.planned else []
         # With nothing to solve, a scaling first: the rule looks through one.
         plain = [1.0] if solved else [2.0, 1.0]
         options = list(dict.fromkeys([*solved, *plain, *(nearby(solved[0]) if solved else ()), 2.0, -1.0, 0.5]))
