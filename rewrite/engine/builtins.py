@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rewrite.engine.interfaces import Adapter, Capability, optional, use_counter
-from rewrite.engine.logic import UNKNOWN, Term, Truth, equal, is_literal
 from rewrite.engine.matcher import ABSENT
 from rewrite.engine.operands import OperandsExcept
+from rewrite.language.logic import UNKNOWN, Term, Truth, equal, is_literal
 from rewrite.language.types import BUILTINS, Type
 
 

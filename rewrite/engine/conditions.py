@@ -57,10 +57,10 @@ from rewrite.engine.builtins import (
     _right_dim,
 )
 from rewrite.engine.interfaces import Adapter, Capability, has, use_counter, uses_versioner
-from rewrite.engine.logic import UNKNOWN, Symbol, Term, Truth, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
 from rewrite.language import ast
+from rewrite.language.logic import UNKNOWN, Symbol, Term, Truth, is_literal, order
 from rewrite.language.types import NAMED_CONSTANTS
 from rewrite.predicates import Predicate, PredicateContext
 

@@ -17,12 +17,12 @@ from typing import Protocol
 from rewrite.engine.conditions import Conditions, Failure, Tracer, lazy_rests
 from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Capability, Op, TypeChangedError, optional
-from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import MATCH_BUDGET, Budget, MatchBudgetExceeded, Matcher
 from rewrite.engine.operands import OperandTable
 from rewrite.engine.rewriter import BuildFailed, Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.engine.steps import Steps
 from rewrite.language import ast
+from rewrite.language.logic import Truth
 from rewrite.predicates import Predicate
 
 DEFAULT_MAX_SWEEPS = 32

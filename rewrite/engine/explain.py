@@ -34,12 +34,12 @@ from rewrite.engine import builtins
 from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import Driver
 from rewrite.engine.interfaces import Adapter, Capability, optional
-from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import Mismatch
 from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.loader import UnreadableRules, read_rules_text
+from rewrite.language.logic import UNKNOWN, Term, Truth
 
 PATTERN = "pattern does not match"
 GUARD = "the shape guard refuses the rewrite"

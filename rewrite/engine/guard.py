@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rewrite.engine.interfaces import Adapter, Capability, Op, OperandRejected, TypesUnknown, Value, optional
-from rewrite.engine.logic import UNKNOWN, Truth, equal, proved_equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
+from rewrite.language.logic import UNKNOWN, Truth, equal, proved_equal
 
 Shape = tuple | None
 

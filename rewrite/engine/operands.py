@@ -43,7 +43,7 @@ from itertools import chain, islice
 from typing import Any
 
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional
-from rewrite.engine.logic import UNKNOWN, Term
+from rewrite.language.logic import UNKNOWN, Term
 
 # Ops with more operands than this get a record; below it, walking the
 # operands costs less than keeping one.

@@ -10,10 +10,10 @@ from typing import Any
 from rewrite.engine.conditions import Conditions, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional, uses_checker
-from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.engine.operands import OperandTable
 from rewrite.language import ast
+from rewrite.language.logic import UNKNOWN, Term, Truth
 
 
 @dataclass(frozen=True)

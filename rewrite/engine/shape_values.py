@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Arithmetic, Dim, is_literal
+from rewrite.language.logic import UNKNOWN, Arithmetic, Dim, is_literal
 
 ShapeValue = list  # list[Dim]; None stands for "not known"
 

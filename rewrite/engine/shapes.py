@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rewrite.engine.logic import (
+from rewrite.language.logic import (
     UNKNOWN,
     Arithmetic,
     Broadcast,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from rewrite.engine.interfaces import OpSchema, OpSignature
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.schema import OpSchema, OpSignature
 from rewrite.language.types import BUILTINS, GRAPH_FREE_BUILTINS, NAMED_CONSTANTS, Signature, Type
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from rewrite.engine.logic import Truth, equal, is_literal, order
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.logic import Truth, equal, is_literal, order
 
 
 def lint_rule(rule: ast.Rule, source: SourceText) -> list[Diagnostic]:

@@ -3,6 +3,10 @@
 The whole soundness story rests on this module: a rewrite fires only on
 `Truth.YES`, and nothing about a symbolic or an unknown dim is ever YES unless
 it is the very same term (see `Term`: a tree, never a name read back apart).
+
+It belongs to the language: the linter folds conditions with it when rules
+load, before there is any model or engine, and the engine and the backends
+reason with the same logic, importing it from here.
 """
 
 from __future__ import annotations
