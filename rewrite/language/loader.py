@@ -343,6 +343,7 @@ def load_rule_files(
             continue
         schema = loader.schema_for(rule_file.dialect)
         if schema is None:
+            assert rule_file.dialect_span is not None  # the parser sets it with the dialect
             loader.diagnostics.append(source.diagnostic(
                 rule_file.dialect_span, f"unknown dialect '{rule_file.dialect}'"
             ))
