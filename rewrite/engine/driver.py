@@ -160,9 +160,10 @@ class Driver:
         # A rule author asked to hear about a rewrite the guard refuses.
         self.check_types = check_types
         self.steps = steps
-        # Rewrites not made although the rule held: the guard's refusals and
-        # operands without a value, with the rule and the anchor.
-        self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
+        # Rewrites not made although the rule held: the guard's refusals,
+        # operands without a value, ops the target lacks and builds that
+        # failed, with the rule and the anchor.
+        self.refusals: list[tuple[str, Op, Refusal | Unevaluable | Unavailable | BuildFailed]] = []
         # (rule, anchor) where a rule was skipped: matching it took more than the match budget.
         self.exhausted: list[tuple[str, Op]] = []
         # Each anchor's decision starts the budget afresh; both matchers spend it.

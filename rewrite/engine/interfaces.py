@@ -438,8 +438,10 @@ def _right_aligned(adapter: Adapter, operands, output: Value, axis: int):
     """The dims that broadcast into dim `axis` of `output` (numpy's right alignment)."""
     if operands is None:
         return None
-    rank = len(adapter.shape(output))
-    pairs = []
+    shape = adapter.shape(output)
+    assert shape is not None  # the walk has an axis only of a value whose rank is known
+    rank = len(shape)
+    pairs: list[tuple[Value, int | None]] = []
     for operand in operands:
         shape = adapter.shape(operand)
         if shape is None:
