@@ -21,10 +21,11 @@ from rewrite.api import RuleSet
 from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import UnsoundRewriteError
 from rewrite.engine.interfaces import NamedValue
-from rewrite.engine.logic import Truth
+from rewrite.engine.matcher import Matcher
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic
 from rewrite.language.loader import UnreadableRules, read_rules_text
+from rewrite.language.logic import Truth
 
 # Every symbolic dim of an example takes each of these sizes in turn.
 SYMBOLIC_SIZES = (2, 3)
@@ -145,7 +146,8 @@ class _NoProgram:
 
 @functools.lru_cache(maxsize=1)
 def _constants() -> Conditions:
-    return Conditions(_NoProgram(), None, {})
+    program = _NoProgram()
+    return Conditions(program, Matcher(program), {})
 
 
 def _plain(value, expr) -> Any:

@@ -39,3 +39,12 @@ def test_the_rules_table_lists_every_shipped_rule_and_only_those():
     for dialect in ("mil", "onnx"):
         assert sorted(shipped[dialect] - table.get(dialect, set())) == [], f"{dialect}: missing from the README"
         assert sorted(table.get(dialect, set()) - shipped[dialect]) == [], f"{dialect}: in the README, not shipped"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run is the README's test command, exactly: what CI checks is what a newcomer runs."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = readme.split("Install and run the whole test suite:", 1)[1].split("```", 2)[1].strip()
+    ci = [line for line in (REPO / ".ci/run").read_text(encoding="utf-8").splitlines() if line.startswith("pip ")]
+    assert ci == [command]
+    assert "mypy rewrite/engine rewrite/language" in command

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.language.schema import InputSpec, OpSignature
 
 # dialect -> module implementing it
 _BACKENDS = {"mil": "rewrite.backends.mil", "onnx": "rewrite.backends.onnx"}

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rewrite.engine.interfaces import Adapter, Capability, optional, use_counter
-from rewrite.engine.logic import UNKNOWN, Term, Truth, equal, is_literal
 from rewrite.engine.matcher import ABSENT
 from rewrite.engine.operands import OperandsExcept
+from rewrite.language.logic import UNKNOWN, Term, Truth, equal, is_literal
 from rewrite.language.types import BUILTINS, Type
 
 
@@ -338,10 +338,10 @@ def _finite_range(dtype) -> tuple[int | float, int | float] | None:
     if kind is None:
         return None
     if np.issubdtype(kind, np.floating):
-        info = np.finfo(kind)
-        return float(info.min), float(info.max)
-    info = np.iinfo(kind)
-    return int(info.min), int(info.max)
+        floats = np.finfo(kind)
+        return float(floats.min), float(floats.max)
+    ints = np.iinfo(kind)
+    return int(ints.min), int(ints.max)
 
 
 def _max_finite(adapter, dtype):

@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter, methodcaller
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -57,10 +57,10 @@ from rewrite.engine.builtins import (
     _right_dim,
 )
 from rewrite.engine.interfaces import Adapter, Capability, has, use_counter, uses_versioner
-from rewrite.engine.logic import UNKNOWN, Symbol, Term, Truth, is_literal, order
 from rewrite.engine.matcher import ABSENT, Environment, Matcher
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable
 from rewrite.language import ast
+from rewrite.language.logic import UNKNOWN, Symbol, Term, Truth, is_literal, order
 from rewrite.language.types import NAMED_CONSTANTS
 from rewrite.predicates import Predicate, PredicateContext
 
@@ -284,10 +284,12 @@ class UseVerdicts:
         """The quantifier's verdict over `value`'s uses, from its kept tally (made now
         if there is none: `judge(consumer, value)` decides the body at one use);
         None where nothing is kept."""
-        constants = self._constants(expr)
-        if constants is None or not constants.isdisjoint(env):
+        constants, version_of = self._constants(expr), self.version_of
+        # `constants` is None already where there is no `version_of`; checking both says so to the type checker.
+        if constants is None or version_of is None or not constants.isdisjoint(env):
             return None
-        tally = self._fresh((id(expr), value), value, lambda: UseTally(lambda consumer: judge(consumer, value)))
+        tally = self._fresh((id(expr), value), value, lambda: UseTally(lambda consumer: judge(consumer, value)),
+                            version_of)
         return None if tally is None else tally.verdict()
 
     def summary(self, key, value, make: Callable[[], Any]):
@@ -296,16 +298,16 @@ class UseVerdicts:
         docstring); None where it cannot be kept or counted."""
         if self.version_of is None:
             return None
-        return self._fresh((key, value), value, make)
+        return self._fresh((key, value), value, make, self.version_of)
 
-    def _fresh(self, key, value, make):
+    def _fresh(self, key, value, make, version_of: Callable[[Any], int]):
         if value is None or value is ABSENT or value is UNKNOWN or isinstance(value, (list, tuple, OperandsExcept)):
             return None
         try:
             found = self._kept.get(key)
         except TypeError:  # a value that is no key
             return None
-        version = self.version_of(value)
+        version = version_of(value)
         if found is not None and found[0] == version:
             return found[1]  # None: a feature that cannot be counted, until the uses change
         summary = make()
@@ -323,10 +325,11 @@ class UseVerdicts:
     def before(self, values) -> list:
         """Before an edit that may change the uses of `values`: the summaries of them
         that are up to date, to be updated by `after`."""
-        if not self._of_value:
+        version_of = self.version_of
+        # Nothing is kept without `version_of`.
+        if not self._of_value or version_of is None:
             return []
         pending = []
-        version_of = self.version_of
         for value in values:
             try:
                 keys = self._of_value.get(value)
@@ -346,6 +349,8 @@ class UseVerdicts:
         those that stopped); a value in `unknown` may have changed otherwise too
         and is listed afresh when next asked."""
         version_of = self.version_of
+        if version_of is None:  # then `before` kept nothing pending
+            return
         for value, entry in pending:
             if value in unknown:
                 entry[0] = -1  # no version: listed afresh
@@ -412,7 +417,7 @@ class Conditions:
     A traced compilation walks instead, to name the element that failed.
     """
 
-    def __init__(self, adapter: Adapter, matcher: Matcher | None, predicates: dict[str, Predicate], *,
+    def __init__(self, adapter: Adapter, matcher: Matcher, predicates: dict[str, Predicate], *,
                  table: OperandTable | None = None, lazy_rests: frozenset[int] = frozenset(),
                  tracer: Tracer | None = None, use_verdicts: UseVerdicts | None = None):
         self.adapter = adapter
@@ -420,7 +425,7 @@ class Conditions:
         self.context = PredicateContext(adapter)
         self.table = table
         self.tracer = tracer
-        if matcher is not None and table is not None:
+        if table is not None:
             matcher = Matcher(adapter, table, lazy_rests, matcher.budget)
         self.matcher = matcher
         self.use_verdicts = use_verdicts if use_verdicts is not None else UseVerdicts(adapter)
@@ -647,7 +652,7 @@ class Conditions:
         domain_of, variable, forall = self.compile_value(expr.domain), expr.variable, expr.kind == "forall"
         body = self.compile_truth(expr.body)
         if self.tracer is not None:
-            return self._traced_quantifier(expr, domain_of, body)
+            return self._traced_quantifier(expr, domain_of, body, self.tracer)
         summarized = self._over_operands(expr) if self.table is not None and expr.filter is None else None
         if summarized is not None:
             general = self._plain_quantifier(None, variable, forall, None, body)
@@ -683,9 +688,9 @@ class Conditions:
 
         return quantified
 
-    def _traced_quantifier(self, expr: ast.Quantifier, domain_of, body) -> TruthFunction:
-        """The general quantifier, reporting to the tracer the first element whose body fails."""
-        tracer, variable, forall = self.tracer, expr.variable, expr.kind == "forall"
+    def _traced_quantifier(self, expr: ast.Quantifier, domain_of, body, tracer: Tracer) -> TruthFunction:
+        """The general quantifier, reporting to `tracer` the first element whose body fails."""
+        variable, forall = expr.variable, expr.kind == "forall"
         keep = None if expr.filter is None else self.conjunction(conjuncts(expr.filter))
         sides = self._sides(expr.body)
 
@@ -729,8 +734,7 @@ class Conditions:
         None for any other body. The function returns None when it cannot answer
         (the feature's arguments have no summary), and the loop runs instead."""
         variable, forall, body = expr.variable, expr.kind == "forall", expr.body
-        kind = type(body)
-        if kind is ast.SameValue and type(body.left) is ast.NameRef and body.left.name == variable:
+        if type(body) is ast.SameValue and type(body.left) is ast.NameRef and body.left.name == variable:
             var, negated = body.var, body.negated
 
             def same(view: OperandsExcept, env):
@@ -1029,7 +1033,8 @@ class Conditions:
         positions = tuple(p for p in positions if p < len(arguments))
         missing = builtins.missing_result(expr.function)
         if expr.function == "broadcasts" and self.table is not None and len(arguments) == 1 and not keywords:
-            return self._broadcasts(arguments[0], _fixed_call(builtin, adapter, arguments, positions, missing))
+            return self._broadcasts(arguments[0], _fixed_call(builtin, adapter, arguments, positions, missing),
+                                    self.table)
         if not keywords and len(arguments) <= 3:
             return _fixed_call(builtin, adapter, arguments, positions, missing)
         if len(keywords) == 1 and len(arguments) == 2:
@@ -1051,10 +1056,10 @@ class Conditions:
 
         return call
 
-    def _broadcasts(self, argument: ValueFunction, general: ValueFunction) -> ValueFunction:
-        """`broadcasts(%u)`, read from the record of a wide op: asked once of the
-        adapter, whose answer lists every operand."""
-        table, adapter = self.table, self.adapter
+    def _broadcasts(self, argument: ValueFunction, general: ValueFunction, table: OperandTable) -> ValueFunction:
+        """`broadcasts(%u)`, read from the record of a wide op (in `table`): asked once
+        of the adapter, whose answer lists every operand."""
+        adapter = self.adapter
         if not has(adapter, Capability.BROADCASTING):
             return general  # unknown, the builtin says
         builtin = builtins.function_of("broadcasts")
@@ -1213,7 +1218,7 @@ _FEATURES = {
 }
 
 
-def _feature_call(expr, variable: str) -> bool:
+def _feature_call(expr, variable: str) -> TypeGuard[ast.Call]:
     """`f(x, ...)` of a summarized builtin, x the quantified variable (a name, or
     a `%u` of every use), and nothing else reading x."""
     return (

@@ -17,12 +17,12 @@ from typing import Protocol
 from rewrite.engine.conditions import Conditions, Failure, Tracer, lazy_rests
 from rewrite.engine.guard import Refusal
 from rewrite.engine.interfaces import Adapter, Block, Capability, Op, TypeChangedError, optional
-from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import MATCH_BUDGET, Budget, MatchBudgetExceeded, Matcher
 from rewrite.engine.operands import OperandTable
 from rewrite.engine.rewriter import BuildFailed, Rewriter, RewriteRefused, Unavailable, Unevaluable, remove_dead
 from rewrite.engine.steps import Steps
 from rewrite.language import ast
+from rewrite.language.logic import Truth
 from rewrite.predicates import Predicate
 
 DEFAULT_MAX_SWEEPS = 32
@@ -160,9 +160,10 @@ class Driver:
         # A rule author asked to hear about a rewrite the guard refuses.
         self.check_types = check_types
         self.steps = steps
-        # Rewrites not made although the rule held: the guard's refusals and
-        # operands without a value, with the rule and the anchor.
-        self.refusals: list[tuple[str, Op, Refusal | Unevaluable]] = []
+        # Rewrites not made although the rule held: the guard's refusals,
+        # operands without a value, ops the target lacks and builds that
+        # failed, with the rule and the anchor.
+        self.refusals: list[tuple[str, Op, Refusal | Unevaluable | Unavailable | BuildFailed]] = []
         # (rule, anchor) where a rule was skipped: matching it took more than the match budget.
         self.exhausted: list[tuple[str, Op]] = []
         # Each anchor's decision starts the budget afresh; both matchers spend it.

@@ -34,12 +34,12 @@ from rewrite.engine import builtins
 from rewrite.engine.conditions import Conditions
 from rewrite.engine.driver import Driver
 from rewrite.engine.interfaces import Adapter, Capability, optional
-from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import Mismatch
 from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.loader import UnreadableRules, read_rules_text
+from rewrite.language.logic import UNKNOWN, Term, Truth
 
 PATTERN = "pattern does not match"
 GUARD = "the shape guard refuses the rewrite"
@@ -236,10 +236,10 @@ class _Explainer:
     # ---------------------------------------------------------------- fired, or not quite
 
     def _would_fire(self, rule: ast.Rule, env: dict, anchor_name: str) -> Explanation:
-        held = {"held": self._held(rule, env), "bound": self._bound(env)}
+        held, bound = self._held(rule, env), self._bound(env)
         refusal = self.driver.rewriter.preflight(rule, env)
         if isinstance(refusal, Unevaluable):
-            return replace(self._unevaluable(rule, refusal, env, anchor_name), **held)
+            return replace(self._unevaluable(rule, refusal, env, anchor_name), held=held, bound=bound)
         if isinstance(refusal, Unavailable):
             return Explanation(
                 rule.name, anchor_name, False, f"{refusal.span.file}:{refusal.span.line}", UNAVAILABLE,
@@ -247,16 +247,16 @@ class _Explainer:
                 note=f"the rewrite builds '{refusal.op_type}', which the program's target does not have "
                      "(an ONNX opset before the op, a Core ML deployment target before it); say "
                      f"available(\"{refusal.op_type}\") among the conditions, or convert the model first",
-                **held,
+                held=held, bound=bound,
             )
         if refusal is not None:
             return Explanation(
                 rule.name, anchor_name, False, str(rule.span), GUARD,
                 failed=str(refusal), truth="unknown",
                 path=(f"consumer = {refusal.consumer}", *(() if refusal.axis is None else (f"axis = {refusal.axis}",))),
-                **held,
+                held=held, bound=bound,
             )
-        return Explanation(rule.name, anchor_name, True, str(rule.span), "fires", **held)
+        return Explanation(rule.name, anchor_name, True, str(rule.span), "fires", held=held, bound=bound)
 
     def _held(self, rule: ast.Rule, env: dict) -> tuple[str, ...]:
         """Each `where` clause, as written with its file:line, and what its comparisons saw."""

@@ -37,12 +37,13 @@ consumer's rank, not its width.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from rewrite.engine.interfaces import Adapter, Capability, Op, OperandRejected, TypesUnknown, Value, optional
-from rewrite.engine.logic import UNKNOWN, Truth, equal, proved_equal
 from rewrite.engine.operands import OperandTable, Record, Shapes
+from rewrite.language.logic import UNKNOWN, Truth, equal, proved_equal
 
 Shape = tuple | None
 
@@ -107,7 +108,7 @@ class ShapeGuard:
                 # own type inference, which the IR's later passes run, must
                 # still take the new operand.
                 for consumer in consumers:
-                    refusal = self._rejects(consumer, old, new)
+                    refusal = self._rejects(consumer, old, new, self._output_types_with)
                     if refusal is not None:
                         return refusal
             return None
@@ -165,7 +166,7 @@ class ShapeGuard:
                 return None
         why = "the backend has no type inference to ask"
         if self._output_types_with is None and self._inferred_output_types is not None:
-            return first_refusal or self._what_would_change(consumer, old, new)
+            return first_refusal or self._what_would_change(consumer, old, new, self._inferred_output_types)
         if self._output_types_with is not None:
             try:
                 inferred = self._output_types_with(consumer, old, new)
@@ -184,13 +185,14 @@ class ShapeGuard:
                 first_refusal = first_refusal or refusal
         return first_refusal or Refusal(adapter.op_name(consumer), self._unknown(consumer, old, new, why))
 
-    def _what_would_change(self, consumer: Op, old: Value, new: Value) -> Refusal:
-        """The refusal of a consumer no proof covers, from the backend's shape inference,
-        which is quoted but not trusted: the rank, dim or dtype of an output that it says
-        would change; or, where it says none would, or cannot say, why it is not known."""
+    def _what_would_change(self, consumer: Op, old: Value, new: Value, inferred_output_types: Callable) -> Refusal:
+        """The refusal of a consumer no proof covers, from the backend's shape inference
+        (`inferred_output_types`), which is quoted but not trusted: the rank, dim or dtype of
+        an output that it says would change; or, where it says none would, or cannot say,
+        why it is not known."""
         name = self.adapter.op_name(consumer)
         try:
-            inferred = self._inferred_output_types(consumer, old, new)
+            inferred = inferred_output_types(consumer, old, new)
         except OperandRejected as error:
             return Refusal(name, f"its shape inference rejects the new operand ({error})")
         except TypesUnknown as error:
@@ -210,9 +212,9 @@ class ShapeGuard:
         return (f"its output types with {where} '{adapter.value_name(old)}' replaced by "
                 f"'{adapter.value_name(new)}' are not known ({adapter.op_type(consumer)}): {why}")
 
-    def _rejects(self, consumer: Op, old: Value, new: Value) -> Refusal | None:
+    def _rejects(self, consumer: Op, old: Value, new: Value, output_types_with: Callable) -> Refusal | None:
         try:
-            self._output_types_with(consumer, old, new)
+            output_types_with(consumer, old, new)
         except OperandRejected as error:
             name = self.adapter.op_name(consumer)
             return Refusal(name, f"its type inference rejects the new operand ({error})")
@@ -227,9 +229,10 @@ class ShapeGuard:
         outputs = adapter.outputs(consumer)
         result = self._shape(outputs[0]) if outputs else None
         old_shape, new_shape = self._shape(old), self._shape(new)
-        others = [self._shape(operand) for operand in operands if operand != old]
-        if result is None or old_shape is None or new_shape is None or None in others:
+        shapes = [self._shape(operand) for operand in operands if operand != old]
+        if result is None or old_shape is None or new_shape is None or None in shapes:
             return Refusal(adapter.op_name(consumer), "a rank is unknown")
+        others = cast("list[tuple]", shapes)  # none is None: that was refused
         rank = len(result)
         new_rank = len(new_shape)
         for shape in others:
@@ -283,7 +286,9 @@ class ShapeGuard:
         proving = self._proving
         summary = record.summary(("shapes", proving), lambda: Shapes(lambda value: self._shape_as(value, proving)))
         if summary is None:  # a dim that cannot be counted: the general way
-            return self._broadcast_keeps_output(consumer, self._broadcast_operands(consumer), old, new)
+            listing = self._broadcast_operands
+            assert listing is not None  # a record is read only of an op the adapter says broadcasts
+            return self._broadcast_keeps_output(consumer, listing(consumer), old, new)
         adapter = self.adapter
         outputs = adapter.outputs(consumer)
         result = self._shape(outputs[0]) if outputs else None
@@ -329,7 +334,7 @@ class ShapeGuard:
         if shape is None:
             return None
         if self._proving and any(not isinstance(d, int) for d in shape):
-            shape = self._proven(value)
+            shape = self._prove(value)
             if shape is None:
                 return None
         return shape if type(shape) is tuple else tuple(shape)
@@ -338,8 +343,13 @@ class ShapeGuard:
         """`_shape` as it reads with `_proving` set to `proving`."""
         shape = self.adapter.shape(value)
         if proving and shape is not None and any(not isinstance(d, int) for d in shape):
-            shape = self._proven(value)
+            shape = self._prove(value)
         return None if shape is None else tuple(shape)
+
+    def _prove(self, value: Value) -> Shape:
+        proven = self._proven
+        assert proven is not None  # `check` proves only with an adapter that has the proofs
+        return proven(value)
 
 
 def _compare(where: str, what: str, before: tuple, after: tuple) -> Refusal | None:

@@ -8,8 +8,9 @@ The contract has a core every adapter implements and optional parts, each a
 `Capability` an adapter declares in its `capabilities` (data, never found
 out by probing for methods). The engine calls an optional method only when
 its capability is declared, and otherwise does without: a third backend is
-written from this module alone, starting with `capabilities = frozenset()`.
-`missing_methods` says what a declared capability still lacks.
+written from this module alone, starting with `capabilities = frozenset()`,
+and from `rewrite.language.schema` for the op schema its rules are checked
+against. `missing_methods` says what a declared capability still lacks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rewrite.engine.logic import UNKNOWN, Dim
+from rewrite.language.logic import UNKNOWN, Dim
 
 Op = Hashable
 Value = Hashable
@@ -34,30 +35,6 @@ class ModelError(Exception):
     Every backend's model errors derive from it, so that a caller (the CLI)
     can report any of them as the user's mistake without knowing the backend.
     """
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One input of an op's schema."""
-
-    name: str
-    optional: bool = False
-    variadic: bool = False
-
-
-@dataclass(frozen=True)
-class OpSignature:
-    """An op type's inputs, in schema (positional) order, and its attribute names."""
-
-    op_type: str
-    inputs: tuple[InputSpec, ...]
-    attributes: tuple[str, ...] = ()
-
-    def input(self, name: str) -> InputSpec | None:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        return None
 
 
 @dataclass(frozen=True)
@@ -114,18 +91,6 @@ class TypeChangedError(RuntimeError):
 
     Raised by adapters; the driver adds the name of the rule that fired.
     """
-
-
-class OpSchema(Protocol):
-    """The op registry of one dialect, used to check rules when they load."""
-
-    dialect: str
-
-    def signature(self, op_type: str) -> OpSignature | None:
-        """The signature of `op_type`, or None if the dialect has no such op."""
-
-    def op_types(self) -> Sequence[str]:
-        """Every op type of the dialect (for "did you mean" hints)."""
 
 
 class Capability(enum.Enum):
@@ -473,8 +438,10 @@ def _right_aligned(adapter: Adapter, operands, output: Value, axis: int):
     """The dims that broadcast into dim `axis` of `output` (numpy's right alignment)."""
     if operands is None:
         return None
-    rank = len(adapter.shape(output))
-    pairs = []
+    shape = adapter.shape(output)
+    assert shape is not None  # the walk has an axis only of a value whose rank is known
+    rank = len(shape)
+    pairs: list[tuple[Value, int | None]] = []
     for operand in operands:
         shape = adapter.shape(operand)
         if shape is None:

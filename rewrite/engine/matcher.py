@@ -106,7 +106,7 @@ class Mismatch:
     `match` clause after the first, `subject` is the value its name had.
     """
 
-    clause: ast.MatchClause
+    clause: ast.MatchClause | None
     pattern: Any
     reason: str
     path: tuple[tuple[str, Op], ...]
@@ -572,7 +572,7 @@ def _flat_operands(pattern: ast.OpPattern) -> tuple | None:
     operands are all named, in a fixed order, and plain `%v` or `_`; else None."""
     if pattern.any_order or not pattern.operands:
         return None  # no named operand: the positional way, which counts the op's operands
-    found = []
+    found: list[tuple[str, str | None, bool]] = []
     for operand in pattern.operands:
         node = operand.pattern
         if operand.name is None or operand.rest:
@@ -589,7 +589,7 @@ def _flat_operands(pattern: ast.OpPattern) -> tuple | None:
 def _plain_names(operands) -> tuple | None:
     """The variables of operand patterns that are each a plain `%v` (None for a `_`),
     or None if any has a producer pattern or is an op pattern."""
-    names = []
+    names: list[str | None] = []
     for operand in operands:
         node = operand.pattern
         if type(node) is ast.Wildcard:

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional
-from rewrite.engine.logic import UNKNOWN, Term
+from rewrite.language.logic import UNKNOWN, Term
 
 # Ops with more operands than this get a record; below it, walking the
 # operands costs less than keeping one.
@@ -172,6 +172,10 @@ def _take(counts: dict, key, times: int) -> None:
 _NONE = object()
 
 
+# The kinds of summary a record keeps.
+_Summary = TypeVar("_Summary", "Counts", "Shapes")
+
+
 class Record:
     """The operands of one wide op: in order, where each value sits, and summaries of them."""
 
@@ -201,18 +205,20 @@ class Record:
             return 0
         return 0 if found is None else len(found)
 
-    def summary(self, key, make: Callable[[], Counts | Shapes]) -> Counts | Shapes | None:
+    def summary(self, key, make: Callable[[], _Summary]) -> _Summary | None:
         """The summary named `key`, built by `make()` over the operands at its first use;
         None if its feature cannot be counted (an unhashable value)."""
         summaries = self.summaries
         if key in summaries:
-            return summaries[key]
+            # What `make` made under this key before: every caller names its own kind.
+            return cast("_Summary | None", summaries[key])
         summary = make()
         try:
             for value, found in self.positions.items():
                 summary.add(value, len(found))
         except TypeError:
-            summary = None
+            summaries[key] = None
+            return None
         summaries[key] = summary
         return summary
 

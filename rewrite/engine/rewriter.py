@@ -10,10 +10,10 @@ from typing import Any
 from rewrite.engine.conditions import Conditions, UseVerdicts
 from rewrite.engine.guard import Refusal, ShapeGuard
 from rewrite.engine.interfaces import Adapter, Capability, Op, Value, optional, uses_checker
-from rewrite.engine.logic import UNKNOWN, Term, Truth
 from rewrite.engine.matcher import ABSENT, Environment
 from rewrite.engine.operands import OperandTable
 from rewrite.language import ast
+from rewrite.language.logic import UNKNOWN, Term, Truth
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ class RewriteRefused(Exception):
 
     `refusal` says why: a `Refusal` when the shape guard could not prove a
     replacement keeps its consumers' types, an `Unevaluable` when an operand
-    to build has no value. `built` are the ops the rewrite had already
-    built; no value uses them yet.
+    to build has no value, an `Unavailable` when the target lacks an op to
+    build, a `BuildFailed` when the backend could not build one. `built` are
+    the ops the rewrite had already built; no value uses them yet.
     """
 
     def __init__(self, refusal: Refusal | Unevaluable | Unavailable | BuildFailed, built: list[Op]):
@@ -166,7 +167,7 @@ def subexpressions(conditions: Conditions, expr, env: Environment) -> list:
         # Only the branch taken made the value.
         taken = expr.then if conditions.truth(expr.condition, env) is Truth.YES else expr.otherwise
         return [taken]
-    parts = []
+    parts: list = []
     for field in fields(expr):
         if field.name == "span":
             continue
@@ -232,8 +233,8 @@ class Rewriter:
         built: list[Op] = []
         try:
             replacements = self._build_all(rule, env, anchor, built)
-        except _NoValue as missing:
-            raise RewriteRefused(missing.unevaluable, built) from None
+        except _NoValue as no_value:
+            raise RewriteRefused(no_value.unevaluable, built) from None
         except _Unbuildable as failed:
             raise RewriteRefused(failed.failure, built) from None
         for old, new, within in replacements:
@@ -305,6 +306,7 @@ class Rewriter:
             old = env[action.target]
             replacement = action.replacement
             if action.within is not None:
+                assert isinstance(replacement, ast.ValueRef)  # the parser reads `in %op` after a `%new` only
                 # Only one consumer's operands change; `old` keeps its other uses.
                 replacements.append((old, env[replacement.var], adapter.producer(env[action.within])))
                 continue
@@ -365,7 +367,9 @@ class Rewriter:
         for value in operands.values():
             if why_no_value(value) is not None:
                 # Found again, narrowed, only on this rare path.
-                raise _NoValue(find_unevaluable(conditions, arguments, env))
+                unevaluable = find_unevaluable(conditions, arguments, env)
+                assert unevaluable is not None  # `value` is one
+                raise _NoValue(unevaluable)
         return operands
 
     def _build(self, rule, build: ast.OpBuild, env, anchor):
@@ -417,7 +421,7 @@ class Rewriter:
 def _values_in(items) -> list:
     """Build operands, tuples flattened: the values whose uses a build may change
     (a constant among them has no summary to update)."""
-    found = []
+    found: list = []
     for item in items:
         found.extend(item if isinstance(item, tuple) else (item,))
     return found
@@ -464,7 +468,7 @@ def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list
     went (its nested blocks' included), 0 if a body that writes state keeps it."""
     operands = list(adapter.operands(op))
     nested = adapter.nested_blocks(op)
-    inner = ()
+    inner: Sequence[Op] = ()
     if nested:
         inner = _nested_ops(adapter, nested)
         if any(adapter.has_side_effects(inner_op) for inner_op in inner):
@@ -481,7 +485,7 @@ def _remove(adapter: Adapter, op: Op, table: OperandTable | None, worklist: list
             table.removing(inner_op)
     pending = uses.before(operands) if uses is not None else ()
     adapter.remove_op(op)
-    if pending:
+    if uses is not None and pending:
         gone = (op, *inner)
         uses.after(pending, {value: ((), gone) for value, _ in pending})
     producer_of = adapter.producer

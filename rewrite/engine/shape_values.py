@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Arithmetic, Dim, is_literal
+from rewrite.language.logic import UNKNOWN, Arithmetic, Dim, UnknownDim, is_literal
 
 ShapeValue = list  # list[Dim]; None stands for "not known"
 
@@ -84,7 +84,7 @@ def equal(left: ShapeValue | None, right: ShapeValue | None) -> list | None:
     pairs = paired(left, right)
     if pairs is None:
         return None
-    result = []
+    result: list[bool | UnknownDim] = []
     for a, b in pairs:
         if is_literal(a) and is_literal(b):
             result.append(a == b)

@@ -19,8 +19,9 @@ so nothing here can make two unrelated dims "equal" by accident.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
-from rewrite.engine.logic import (
+from rewrite.language.logic import (
     UNKNOWN,
     Arithmetic,
     Broadcast,
@@ -30,6 +31,7 @@ from rewrite.engine.logic import (
     Product,
     Sum,
     Term,
+    UnknownDim,
     canonical_key,
     is_literal,
 )
@@ -74,7 +76,9 @@ def broadcast_dim(left: Dim, right: Dim) -> Dim:
         return left
     if is_literal(right):
         return right
-    if left is UNKNOWN or right is UNKNOWN:
+    # `is UNKNOWN` by its class, which has no other instance: what tells the
+    # type checker that what is left are terms.
+    if isinstance(left, UnknownDim) or isinstance(right, UnknownDim):
         return UNKNOWN
     if left == right:
         return left
@@ -95,12 +99,13 @@ def broadcast_shapes(*shapes: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
     for shape in shapes:
         if shape is None:
             return None
-    first = shapes[0]
-    if _all_equal(shapes, first) and _all_known(first):
+    known = cast("tuple[Sequence[Dim], ...]", shapes)  # the loop returned on a None
+    first = known[0]
+    if _all_equal(known, first) and _all_known(first):
         return tuple(first)  # the common case, and the same answer: a dim broadcasts with itself
-    rank = max((len(shape) for shape in shapes), default=0)
+    rank = max((len(shape) for shape in known), default=0)
     result: list[Dim] = [1] * rank
-    for shape in shapes:
+    for shape in known:
         offset = rank - len(shape)
         for axis, dim in enumerate(shape):
             result[offset + axis] = broadcast_dim(result[offset + axis], dim)

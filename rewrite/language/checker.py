@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from rewrite.engine.interfaces import OpSchema, OpSignature
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.schema import OpSchema, OpSignature
 from rewrite.language.types import BUILTINS, GRAPH_FREE_BUILTINS, NAMED_CONSTANTS, Signature, Type
 
 
@@ -104,7 +104,7 @@ class Checker:
         """Resolve and check an op pattern; add the variables it binds to `bound`."""
         types = self._op_types(pattern.op, pattern.span) or frozenset()
         signatures = self._signatures(types)
-        named = [o for o in pattern.operands if o.name is not None]
+        named = [(o.name, o) for o in pattern.operands if o.name is not None]
         positional = [o for o in pattern.operands if o.name is None]
         if named and positional:
             self.error(pattern.span, "an op pattern takes named or positional operands, not both")
@@ -114,17 +114,17 @@ class Checker:
         if len(rests) > 1 or (rests and positional[-1] is not rests[0]):
             self.error(rests[0].span, "a rest operand '%v...' comes last, once")
         seen_names: set[str] = set()
-        for operand in named:
-            if operand.name in seen_names:
-                self.error(operand.span, f"operand '{operand.name}' given twice")
-            seen_names.add(operand.name)
+        for name, operand in named:
+            if name in seen_names:
+                self.error(operand.span, f"operand '{name}' given twice")
+            seen_names.add(name)
             for signature in signatures:
-                if signature.input(operand.name) is None:
+                if signature.input(name) is None:
                     names = [i.name for i in signature.inputs]
                     self.error(
                         operand.span,
-                        f"op '{signature.op_type}' has no operand '{operand.name}' "
-                        f"(it has {', '.join(names) or 'none'})" + self._suggest(operand.name, names),
+                        f"op '{signature.op_type}' has no operand '{name}' "
+                        f"(it has {', '.join(names) or 'none'})" + self._suggest(name, names),
                     )
         fixed = len([o for o in positional if not o.rest])
         for signature in signatures:
@@ -507,6 +507,7 @@ class Checker:
                 self.error(argument.span, f"operand '{argument.name}' given twice")
             given.add(argument.name)
             value = argument.value
+            items: tuple[ast.Expr, ...]
             if isinstance(value, ast.TupleComprehension):
                 self.check_expr(value, scope)
                 if example:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.schema import OpSchema, OpSignature
 from rewrite.language.types import BUILTINS, Type
 
 
@@ -128,7 +129,7 @@ def _position_of(signature, name: str) -> int | None:
 
 
 def lint_cycles(
-    rules: Sequence[ast.Rule], sources: dict[str, SourceText], schema_for: Callable[[str], object | None]
+    rules: Sequence[ast.Rule], sources: dict[str, SourceText], schema_for: Callable[[str], OpSchema | None]
 ) -> list[Diagnostic]:
     """A warning for each group of rules that can undo each other in a cycle, at the cycle's first rule.
 
@@ -168,11 +169,11 @@ def _and(items: list[str], comma: bool = False) -> str:
 class _Signatures:
     """The operand order of op types, by dialect; None where a pattern's types do not share one."""
 
-    def __init__(self, schema_for: Callable[[str], object | None]):
+    def __init__(self, schema_for: Callable[[str], OpSchema | None]):
         self.schema_for = schema_for
-        self.known: dict[tuple[str, frozenset[str]], object] = {}
+        self.known: dict[tuple[str, frozenset[str]], OpSignature | None] = {}
 
-    def of(self, dialect: str, types: frozenset[str]):
+    def of(self, dialect: str, types: frozenset[str]) -> OpSignature | None:
         key = (dialect, types)
         if key not in self.known:
             schema = self.schema_for(dialect)
@@ -273,10 +274,11 @@ class _Unifier:
             if _could_be_same(bound[var], source):
                 yield bound
             return
+        wanted: ast.OpPattern | None
         if isinstance(inner, ast.OpPattern):
             wanted = inner
         else:
-            wanted = inner.producer if inner.producer is not None else self.shape.patterns.get(var)
+            wanted = inner.producer if inner.producer is not None else self.shape.patterns.get(inner.var)
         if source is MATCHED and var in self.shape.constant:
             source = CONSTANT
         if wanted is None:
@@ -305,6 +307,7 @@ def _build_ops(shape: _Shape, bound: dict[str, object]) -> list[_Op]:
     terms = _Terms(shape, bound)
     ops = []
     for action in shape.rule.actions:
+        op: _Op | None
         if isinstance(action, ast.BuildAction):
             op = terms.build(action.build)
             terms.built[action.var] = op
@@ -328,7 +331,7 @@ class _Terms:
         self.built: dict[str, _Op] = {}
 
     def build(self, build: ast.OpBuild) -> _Op:
-        named = {argument.name: self.source(argument.value) for argument in build.arguments}
+        named: dict[str | None, object] = {argument.name: self.source(argument.value) for argument in build.arguments}
         # An operand not given is absent, or a default MIL makes a constant of.
         return self._laid_out(frozenset({build.op}), named, CONSTANT)
 
@@ -354,7 +357,7 @@ class _Terms:
                 slots.extend((name, source) for source in (value if isinstance(value, tuple) else (value,)))
         return _Op(base.types, tuple(slots), exact, base.other)
 
-    def _laid_out(self, types: frozenset[str], named: dict[str, object], other) -> _Op:
+    def _laid_out(self, types: frozenset[str], named: dict[str | None, object], other) -> _Op:
         """An op of `named` operands, in schema order where the schema gives one."""
         signature = self.shape.signatures.of(self.dialect, types)
         slots: list[tuple[str | None, object]] = []
@@ -635,7 +638,7 @@ class _Shapes:
         for length in range(2, min(len(group), _LONGEST_CYCLE) + 1):
             for start in ordered:
                 # Paths from `start` through rules placed after it: each cycle is found once, from its first rule.
-                stack = [(start, ())]
+                stack: list[tuple[_Shape, tuple[tuple[_Shape, str], ...]]] = [(start, ())]
                 while stack and budget > 0:
                     node, path = stack.pop()
                     budget -= 1

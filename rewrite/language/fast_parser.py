@@ -128,7 +128,7 @@ def tokenize(lines: list[str], first_line: int = 1, words: dict | None = None) -
     distinct text is one string (through `words`): names and keywords recur
     all over a large file, and the AST keeps them.
     """
-    tokens = []
+    tokens: list[tuple] = []
     append = tokens.append
     findall = _TOKEN.findall
     first_kind = _FIRST.get
@@ -825,15 +825,16 @@ class FastParser:
         token = self.take()
         if token[0] != "NAME":
             raise Unhandled("an example's outcome")
+        expected: tuple | None
         if token[1] == "unchanged":
             expected, end = None, token[3]
         elif token[1] == "becomes":
             statement, end = self.statement()
-            expected = [statement]
+            outcome = [statement]
             while self.at_statement():
                 statement, end = self.statement()
-                expected.append(statement)
-            expected = tuple(expected)
+                outcome.append(statement)
+            expected = tuple(outcome)
         else:
             raise Unhandled("an example's outcome")
         return _Example(description[1][1:-1], tuple(statements), expected, self.span(start, end))

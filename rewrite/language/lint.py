@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from rewrite.engine.logic import Truth, equal, is_literal, order
 from rewrite.language import ast
 from rewrite.language.errors import Diagnostic, SourceText
+from rewrite.language.logic import Truth, equal, is_literal, order
 
 
 def lint_rule(rule: ast.Rule, source: SourceText) -> list[Diagnostic]:
     """Warnings about one checked rule."""
     warnings = []
-    binds, uses, spans = Counter(), Counter(), {}
+    binds: Counter[str] = Counter()
+    uses: Counter[str] = Counter()
+    spans: dict[str, ast.Span] = {}
     for var, kind, span in _occurrences(rule):
         (binds if kind == "bind" else uses)[var] += 1
         spans.setdefault(var, span)

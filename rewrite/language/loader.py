@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rewrite.engine.interfaces import OpSchema
 from rewrite.language import ast
 from rewrite.language.checker import Checker
 from rewrite.language.cycles import lint_cycles
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.lint import lint_rule, lint_shadowing
 from rewrite.language.parser import parse_rules
+from rewrite.language.schema import OpSchema
 from rewrite.language.types import Signature
 
 SchemaLookup = Callable[[str], "OpSchema | None"]
@@ -343,6 +343,7 @@ def load_rule_files(
             continue
         schema = loader.schema_for(rule_file.dialect)
         if schema is None:
+            assert rule_file.dialect_span is not None  # the parser sets it with the dialect
             loader.diagnostics.append(source.diagnostic(
                 rule_file.dialect_span, f"unknown dialect '{rule_file.dialect}'"
             ))

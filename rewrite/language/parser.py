@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from typing import cast
 
 import lark
 from lark import Token, Transformer_NonRecursive, Tree, v_args
@@ -231,7 +232,8 @@ def _lark_stretch(source: SourceText, raw: list[str], start: int, items: list, e
             diagnostic = _too_many_diagnostic(error, source)
             errors.append(diagnostic)
             return next_item_line(raw, diagnostic.span.line)
-    for item in tree.children:
+    # `start: _item*`, and every item is a rule of its own: a tree, never a bare token.
+    for item in cast("list[Tree]", tree.children):
         too_deep = _too_deep(item, source)
         if too_deep is not None:
             errors.append(too_deep)
@@ -294,7 +296,7 @@ def _too_deep(tree: Tree, source: SourceText):
     Walks the tree with an explicit stack: recursing here would fail at the
     very depth it is meant to refuse.
     """
-    stack = [(tree, 0, None)]
+    stack: list[tuple[Tree, int, Tree | None]] = [(tree, 0, None)]
     while stack:
         node, depth, parent = stack.pop()
         if node.data in _NESTING_NODES:
@@ -445,6 +447,15 @@ def _unquote(token: Token) -> str:
     return str(token)[1:-1]
 
 
+def _position(token: Token) -> tuple[int, int, int, int]:
+    """The line, column, end line and end column of a token the parser read.
+
+    lark types them Optional, for a token made by hand; the parser gives
+    every token it reads all four.
+    """
+    return cast("tuple[int, int, int, int]", (token.line, token.column, token.end_line, token.end_column))
+
+
 @v_args(meta=True)
 class _ToAst(Transformer_NonRecursive):
     """Builds AST nodes bottom-up; each method is one grammar alternative.
@@ -462,7 +473,7 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Span(self.source.path, meta.line, meta.column, meta.end_line, meta.end_column)
 
     def _token_span(self, token: Token) -> ast.Span:
-        return ast.Span(self.source.path, token.line, token.column, token.end_line, token.end_column)
+        return ast.Span(self.source.path, *_position(token))
 
     def _text(self, meta) -> str:
         lines = self.source.lines[meta.line - 1 : meta.end_line]
@@ -823,7 +834,7 @@ class _ToAst(Transformer_NonRecursive):
         # Found from the token's line and column: lark parsed a stretch of the
         # text, so its character offsets are not the file's.
         lines = self.source.lines
-        line, column = name.end_line, name.end_column
+        _, _, line, column = _position(name)
         while True:
             text = lines[line - 1]
             index = column - 1

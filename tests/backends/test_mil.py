@@ -18,7 +18,7 @@ from rewrite.backends.mil import (
     save_mlpackage,
 )
 from rewrite.backends.mil.reference import evaluate
-from rewrite.engine.logic import Symbol
+from rewrite.language.logic import Symbol
 
 TILES = rewrite.load_rules().only("remove_broadcast_tiles")
 

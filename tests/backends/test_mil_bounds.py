@@ -13,7 +13,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 from rewrite.backends.mil import Function, MilAdapter, Program, mb, types
 from rewrite.backends.mil.reference import evaluate
 from rewrite.engine.builtins import _lower_bound, _upper_bound
-from rewrite.engine.logic import UNKNOWN
+from rewrite.language.logic import UNKNOWN
 
 
 def program_of(build):

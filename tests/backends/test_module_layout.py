@@ -4,8 +4,9 @@ A circle (even one under `TYPE_CHECKING`, or through an import inside a
 function) means two modules are one concern split in the wrong place; read
 from the source with `ast`, so that an import Python happens to resolve
 still counts. Each module is also imported alone, in a fresh interpreter:
-that is what a user who imports one of them gets. The engine imports no
-backend at all.
+that is what a user who imports one of them gets. That the engine imports
+no backend at all, nor the language the engine, tests/language/test_layering.py
+checks.
 """
 
 from __future__ import annotations
@@ -72,14 +73,6 @@ def test_no_import_circle_among_a_backends_modules(package):
 def test_a_circle_is_found():
     # Under TYPE_CHECKING too, as shapes.py and adapter.py once had it.
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_the_engine_imports_no_backend():
-    for path in sorted((ROOT / "engine").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(name.startswith("rewrite.backends") for name in names), path.name
 
 
 # Run in a fresh interpreter: the third-party libraries are imported once, then each

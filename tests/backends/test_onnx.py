@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
 from rewrite.backends.onnx import SCHEMA, OnnxAdapter, OnnxError, count_nodes, load_onnx, save_onnx
-from rewrite.engine.logic import UNKNOWN, Broadcast, Symbol
+from rewrite.language.logic import UNKNOWN, Broadcast, Symbol
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter
 from rewrite.backends.onnx import files as onnx_files
-from rewrite.engine.logic import Local, Sum, Symbol
+from rewrite.language.logic import Local, Sum, Symbol
 from rewrite.onnx import optimize
 
 FLOAT = TensorProto.FLOAT

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter
 from rewrite.engine.explain import explain, format_text
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.language.logic import UNKNOWN, Symbol
 from rewrite.predicates import registered_predicates
 from tests.backends.test_onnx import _ints, _model, _tensor
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rewrite
 from rewrite.backends.onnx import OnnxAdapter, dim_algebra, onnx_inference, shape_rules
-from rewrite.engine.logic import UNKNOWN, Broadcast, Difference, Local, Minimum, Product, Sum, Symbol
+from rewrite.language.logic import UNKNOWN, Broadcast, Difference, Local, Minimum, Product, Sum, Symbol
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 MODELS = Path(__file__).parent / "onnx_models"

@@ -8,9 +8,9 @@ import pytest
 
 from rewrite.api import RuleSet
 from rewrite.engine.conditions import Conditions, Tracer
-from rewrite.engine.logic import Truth
 from rewrite.engine.matcher import Matcher
 from rewrite.language.errors import RuleError
+from rewrite.language.logic import Truth
 from tests.engine.toy_ir import Graph, ToyAdapter, load_toy_rules
 
 YES, NO, MAYBE = Truth.YES, Truth.NO, Truth.UNKNOWN

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rewrite.engine.builtins import RANGE_LIMIT, _range
-from rewrite.engine.logic import UNKNOWN, Truth
 from rewrite.engine.rewriter import _as_bool
+from rewrite.language.logic import UNKNOWN, Truth
 
 
 def test_range_is_unknown_past_its_limit():

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rewrite.engine.conditions import Conditions
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth
 from rewrite.engine.matcher import ABSENT, Matcher
 from rewrite.engine.rewriter import find_unevaluable, why_no_value
+from rewrite.language.logic import UNKNOWN, Symbol, Truth
 from tests.engine.toy_ir import Graph, ToyAdapter, evaluate, load_toy_rules
 
 FOLD_UNIFORM = """

@@ -18,7 +18,7 @@ import rewrite
 from rewrite.backends.mil import MilAdapter, ct, mb
 from rewrite.backends.mil.reference import evaluate
 from rewrite.engine.builtins import _one_use, _use_count
-from rewrite.engine.logic import Truth
+from rewrite.language.logic import Truth
 
 HIDDEN = 8
 BATCHES = (2, 5)

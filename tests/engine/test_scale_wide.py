@@ -32,8 +32,8 @@ from rewrite.engine.conditions import lazy_rests
 from rewrite.engine.driver import Driver
 from rewrite.engine.guard import ShapeGuard
 from rewrite.engine.interfaces import Capability
-from rewrite.engine.logic import Truth
 from rewrite.engine.operands import Counts, OperandsExcept, OperandTable, Shapes
+from rewrite.language.logic import Truth
 from rewrite.predicates import registered_predicates
 
 OPSET = 18

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from rewrite.engine.logic import UNKNOWN, Broadcast, Sum, Symbol
 from rewrite.engine.shapes import (
     IncompatibleShapes,
     add,
@@ -14,6 +13,7 @@ from rewrite.engine.shapes import (
     multiply,
     subtract,
 )
+from rewrite.language.logic import UNKNOWN, Broadcast, Sum, Symbol
 
 a, b, c = Symbol("a"), Symbol("b"), Symbol("c")
 

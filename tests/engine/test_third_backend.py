@@ -1,4 +1,5 @@
-"""A third backend, written from `rewrite.engine.interfaces` alone: the contract is all it takes.
+"""A third backend, written from `rewrite.engine.interfaces` and `rewrite.language.schema` alone:
+the contract is all it takes.
 
 `ListAdapter` is the least an IR can give the engine: a list of ops in
 one block, the core methods of `Adapter` and no optional capability. A
@@ -15,8 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from rewrite.api import RuleSet
-from rewrite.engine.interfaces import Adapter, Capability, InputSpec, OpSignature, missing_methods
+from rewrite.engine.interfaces import Adapter, Capability, missing_methods
 from rewrite.language.loader import load_rule_files
+from rewrite.language.schema import InputSpec, OpSignature
 from rewrite.predicates import registered_predicates
 
 SIGNATURES = {

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from rewrite.api import RuleSet
-from rewrite.engine.interfaces import Capability, InputSpec, OpSignature
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.engine.interfaces import Capability
 from rewrite.language.loader import load_rule_files
+from rewrite.language.logic import UNKNOWN, Symbol
+from rewrite.language.schema import InputSpec, OpSignature
 from rewrite.predicates import registered_predicates
 
 _KERNELS = {

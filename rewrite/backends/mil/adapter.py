@@ -37,13 +37,12 @@ from rewrite.backends.mil.uses import UseLists
 from rewrite.backends.mil.vars import dtype_of_type, input_of, shape_of_type
 from rewrite.engine.interfaces import (
     Capability,
-    InputSpec,
     OperandRejected,
-    OpSignature,
     TypesUnknown,
     follow_unknown_dim,
 )
-from rewrite.engine.logic import Symbol
+from rewrite.language.logic import Symbol
+from rewrite.language.schema import InputSpec, OpSignature
 
 DIALECT = "mil"
 

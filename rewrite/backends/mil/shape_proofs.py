@@ -19,11 +19,11 @@ from rewrite.backends.mil.bounds import BoundsProver
 from rewrite.backends.mil.pymil import Block, Operation, Program, Var
 from rewrite.backends.mil.vars import input_of, shape_of_type, vars_in
 from rewrite.engine import shape_values
-from rewrite.engine.logic import UNKNOWN, Local, Symbol, Term
 from rewrite.engine.shapes import IncompatibleShapes, broadcast_shapes
 from rewrite.engine.shapes import add as dims_add
 from rewrite.engine.shapes import multiply as dims_multiply
 from rewrite.engine.shapes import subtract as dims_subtract
+from rewrite.language.logic import UNKNOWN, Local, Symbol, Term
 
 
 class ShapeProofs:

@@ -11,7 +11,8 @@ from rewrite.backends.mil.pymil import (
     types,
 )
 from rewrite.engine import shape_values
-from rewrite.engine.logic import (
+from rewrite.engine.shapes import multiply as dims_multiply
+from rewrite.language.logic import (
     UNKNOWN,
     Broadcast,
     Difference,
@@ -22,7 +23,6 @@ from rewrite.engine.logic import (
     canonical_key,
     equal,
 )
-from rewrite.engine.shapes import multiply as dims_multiply
 
 UNARY_ELEMENTWISE = frozenset(
     "abs acos asin atan atanh ceil clip cos cosh erf exp exp2 floor inverse log logical_not relu relu6 round "

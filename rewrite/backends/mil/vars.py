@@ -14,7 +14,7 @@ import numpy as np
 import sympy
 
 from rewrite.backends.mil.pymil import InternalVar, Operation, Var, is_symbolic, types
-from rewrite.engine.logic import UNKNOWN, Symbol
+from rewrite.language.logic import UNKNOWN, Symbol
 
 
 def engine_dim(dim) -> Any:

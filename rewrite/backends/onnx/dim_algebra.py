@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Arithmetic, Difference, Minimum, Sum, Term, canonical_key, is_literal
+from rewrite.language.logic import UNKNOWN, Arithmetic, Difference, Minimum, Sum, Term, canonical_key, is_literal
 
 # A dim is read as a polynomial over atoms, with integer coefficients: the
 # sums, differences and products `rewrite.engine.shapes` builds are taken

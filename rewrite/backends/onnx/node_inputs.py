@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from rewrite.backends.onnx.graph import Node, Value
-from rewrite.engine.logic import UNKNOWN, is_literal
+from rewrite.language.logic import UNKNOWN, is_literal
 
 # Beyond any rank a real model has (the contents of shape values stop at 64 too).
 MAX_RANK = 64

@@ -27,7 +27,7 @@ from rewrite.backends.onnx.graph import Node, Value
 from rewrite.backends.onnx.node_inputs import Context
 from rewrite.backends.onnx.tensors import ELEMENT_TYPES, dtype_name
 from rewrite.engine.interfaces import ModelError
-from rewrite.engine.logic import UNKNOWN, Local, Term, is_literal
+from rewrite.language.logic import UNKNOWN, Local, Term, is_literal
 
 _PLACEHOLDER = "__rewrite_dim_"
 # Inputs up to this many elements are passed to onnx as data: the integer

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from rewrite.engine.interfaces import InputSpec, OpSignature
+from rewrite.language.schema import InputSpec, OpSignature
 
 DIALECT = "onnx"
 

@@ -16,7 +16,7 @@ from rewrite.backends.onnx import node_inputs as read
 from rewrite.backends.onnx import tensors as onnx_tensors
 from rewrite.engine import shape_values
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, is_literal
+from rewrite.language.logic import UNKNOWN, is_literal
 
 
 def _shape_contents(adapter, node):

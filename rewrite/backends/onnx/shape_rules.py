@@ -16,7 +16,7 @@ from rewrite.backends.onnx import node_inputs as read
 from rewrite.backends.onnx import tensors as onnx_tensors
 from rewrite.backends.onnx.graph import Node, Value
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Term, is_literal
+from rewrite.language.logic import UNKNOWN, Term, is_literal
 
 
 def _same(adapter, node):

@@ -41,7 +41,7 @@ from rewrite.backends.onnx.shape_contents import CONTENTS
 from rewrite.backends.onnx.shape_rules import RULES
 from rewrite.backends.onnx.tensors import dtype_name
 from rewrite.engine import shapes as dims
-from rewrite.engine.logic import UNKNOWN, Local, Symbol, is_literal
+from rewrite.language.logic import UNKNOWN, Local, Symbol, is_literal
 
 # ---------------------------------------------------------------- declarations
 

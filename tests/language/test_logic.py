@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rewrite.engine.logic import UNKNOWN, Symbol, Truth, equal, order
+from rewrite.language.logic import UNKNOWN, Symbol, Truth, equal, order
 
 YES, NO, MAYBE = Truth.YES, Truth.NO, Truth.UNKNOWN
 

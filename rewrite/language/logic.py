@@ -3,12 +3,20 @@
 The whole soundness story rests on this module: a rewrite fires only on
 `Truth.YES`, and nothing about a symbolic or an unknown dim is ever YES unless
 it is the very same term (see `Term`: a tree, never a name read back apart).
+
+It belongs to the language: the linter folds conditions with it when rules
+load, before there is any model or engine, and the engine and the backends
+reason with the same logic, importing it from here.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:  # typing.TypeIs is Python 3.13's; only the type checker reads it
+    from typing_extensions import TypeIs
 
 
 class Truth(enum.Enum):
@@ -205,7 +213,7 @@ class Broadcast(Term):
 def _same_tree(left: _Pair, right: _Pair) -> bool:
     # Walked with a stack: a Concat of thousands of inputs along a symbolic axis
     # builds a sum that deep, past what recursion allows.
-    pending = [(left, right)]
+    pending: list[tuple[Dim, Dim]] = [(left, right)]
     while pending:
         a, b = pending.pop()
         if a is b:
@@ -213,10 +221,11 @@ def _same_tree(left: _Pair, right: _Pair) -> bool:
         if type(a) is not type(b):
             return False
         if isinstance(a, _Pair):
-            if a._hash != b._hash:
+            twin = cast(_Pair, b)  # of a's type, which was just checked
+            if a._hash != twin._hash:
                 return False
-            pending.append((a.left, b.left))
-            pending.append((a.right, b.right))
+            pending.append((a.left, twin.left))
+            pending.append((a.right, twin.right))
         elif a != b:
             return False
     return True
@@ -247,8 +256,12 @@ def canonical_key(dim) -> tuple:
     return (str(dim), _Tiebreak(dim))
 
 
-class _UnknownDim:
-    """A dim about which nothing is known; unequal-to-nothing and equal-to-nothing."""
+class UnknownDim:
+    """A dim about which nothing is known; unequal-to-nothing and equal-to-nothing.
+
+    `UNKNOWN` is its one instance, so `isinstance(dim, UnknownDim)` is
+    `dim is UNKNOWN` in a form a type checker narrows by.
+    """
 
     _instance = None
 
@@ -263,13 +276,13 @@ class _UnknownDim:
     __str__ = __repr__
 
 
-UNKNOWN = _UnknownDim()
+UNKNOWN = UnknownDim()
 """The unknown scalar: an unknown dim, or a constant that could not be read."""
 
-Dim = int | Term | _UnknownDim
+Dim = int | Term | UnknownDim
 
 
-def is_literal(dim: object) -> bool:
+def is_literal(dim: object) -> TypeIs[int | float]:
     # bool is an int in Python; it is never a dim. The exact types first: this
     # runs for every dim a condition reads.
     kind = type(dim)
