@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import sympy
 
+from rewrite.backends import pass_groups
 from rewrite.backends.mil import shapes as mil_shapes
 from rewrite.backends.mil.bounds import BoundsProver
 from rewrite.backends.mil.pymil import (
@@ -70,6 +71,7 @@ class MilSchema:
     """coremltools' op registry, at the newest opset each op has."""
 
     dialect = DIALECT
+    groups = pass_groups(DIALECT)
 
     @functools.cached_property
     def _registry(self) -> dict[str, Any]:

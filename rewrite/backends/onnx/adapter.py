@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from rewrite.backends import pass_groups
 from rewrite.backends.onnx import files as onnx_files
 from rewrite.backends.onnx import shapes as onnx_shapes
 from rewrite.engine.interfaces import (
@@ -53,6 +54,7 @@ class OnnxSchema:
     """The default-domain operators of `onnx.defs`, at their newest version."""
 
     dialect = DIALECT
+    groups = pass_groups(DIALECT)
 
     @functools.cached_property
     def _schemas(self) -> dict[str, Any]:
