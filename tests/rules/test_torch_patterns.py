@@ -384,7 +384,7 @@ def _fired() -> Counter:
     """The rules that fired in the last conversion, over all rule groups."""
     counts: Counter = Counter()
     for group in GROUPS:
-        statistics = PASS_REGISTRY[group.name].last_statistics
+        statistics = PASS_REGISTRY[group.pass_name].last_statistics
         counts.update({name: s.fires for name, s in statistics.rules.items() if s.fires})
     return counts
 
