@@ -32,7 +32,7 @@ def mil_rule(group: str) -> str:
 # rules' `group` clauses: each group's rules, in the order they run.
 EXPECTED = {
     "cleanup": (
-        "sdpa_float_mask_to_bool", "sdpa_decoder_causal_mask_to_bool", "gather_nd_of_one_row",
+        "sdpa_float_mask_to_bool", "sdpa_causal_fill_mask_to_bool", "gather_nd_of_one_row",
         "gather_nd_of_the_only_row", "fuse_transposes", "fuse_expand_dims", "remove_identity_transpose",
         "remove_cast_round_trip", "fuse_reshapes", "remove_maximum_with_lowest", "remove_noop_slice_update",
         "fold_transpose_into_matmul_y", "fold_transpose_into_matmul_x", "remove_single_value_concat",
@@ -52,7 +52,7 @@ EXPECTED = {
         "move_transpose_swap_into_matmul_y", "lift_matmul_out_of_batch_one_reshapes",
         "fuse_masked_attention_to_sdpa", "fuse_masked_fill_attention_to_sdpa",
         "fuse_additive_mask_attention_to_sdpa", "remove_double_logical_not", "fuse_attention_to_sdpa",
-        "remove_scaling_by_one", "sdpa_float_mask_to_bool", "sdpa_decoder_causal_mask_to_bool",
+        "remove_scaling_by_one", "sdpa_float_mask_to_bool", "sdpa_causal_fill_mask_to_bool",
         "gather_nd_of_one_row", "gather_nd_of_the_only_row", "fuse_expand_dims", "remove_identity_transpose",
         "remove_maximum_with_lowest", "fold_transpose_into_matmul_y", "fold_transpose_into_matmul_x",
         "fold_scaling_chain", "remove_single_value_concat", "remove_logical_and_with_true", "fill_to_scalar",
@@ -73,7 +73,7 @@ EXPECTED = {
         "replace_decomposed_softmax", "drop_softmax_max_shift", "replace_masked_decomposed_softmax",
     ),
     "settle": (
-        "sdpa_decoder_causal_mask_to_bool", "sdpa_mask_without_leading_unit_axes",
+        "sdpa_causal_fill_mask_to_bool", "sdpa_mask_without_leading_unit_axes",
         "sdpa_mask_slice_without_leading_unit_axes", "gather_nd_of_one_row", "gather_nd_of_the_only_row",
         "sdpa_mask_without_a_true_conjunct", "sdpa_select_mask_without_a_true_conjunct", "fuse_expand_dims",
         "remove_logical_and_with_true", "fill_to_scalar", "rotary_table_from_positions",
@@ -81,7 +81,7 @@ EXPECTED = {
         "causal_mask_over_its_own_columns", "add_rows_without_leading_axes", "add_below_reshape",
         "less_than_one_more", "rows_of_a_table_by_position", "causal_mask_from_a_constant_triangle",
         "gather_of_a_constant_slice", "rotary_table_from_scaled_positions",
-        "causal_float_mask_from_a_constant_band", "causal_select_mask_from_a_constant_triangle",
+        "float_band_mask_from_a_constant_band", "causal_select_mask_from_a_constant_triangle",
         "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape", "read_sizes_from_the_input",
         "fold_proved_int_value", "merge_slices_from_the_start", "read_sliced_sizes_from_the_input",
         "replace_decomposed_softmax", "drop_softmax_max_shift", "replace_masked_decomposed_softmax",
