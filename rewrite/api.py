@@ -39,6 +39,11 @@ class RuleSet:
                 raise KeyError(f"no rule named '{name}'")
         return RuleSet(tuple(r for r in self.rules if r.name in names), self.warnings, self.files, self.skipped_files)
 
+    def group(self, name: str) -> RuleSet:
+        """The subset of rules whose `group` clauses name `name`, in load order."""
+        return RuleSet(tuple(r for r in self.rules if name in r.group_names), self.warnings, self.files,
+                       self.skipped_files)
+
     def apply(
         self,
         program: Any,

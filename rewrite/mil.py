@@ -12,7 +12,8 @@ matmul/bias fusion, a late group after `reduce_mean` is formed (which can
 expose reductions to fuse again), a settling group after coremltools
 first merges duplicate ops (which makes equal values identical), and the
 index guards coremltools adds last, removed where the indices are proved
-non-negative.
+non-negative. A rule joins groups with its `group` clause (`group cleanup,
+fusion`); a rule in no group is not in the pipeline.
 """
 
 from __future__ import annotations
@@ -30,108 +31,38 @@ from rewrite.engine.steps import StepLimitReached, Steps, first_breaking_step
 
 @dataclass(frozen=True)
 class PassGroup:
-    name: str  # the graph pass's registered name
-    rules: tuple[str, ...]
+    group: str  # the group rules name in their `group` clauses
+    pass_name: str  # the graph pass's registered name
     anchor: str  # a default pass to place the group next to
     after: bool  # after the anchor (else before its first occurrence)
 
 
-# Rules worth running again whenever coremltools' passes may have exposed
-# more: runtime fills proved scalar, reductions given their axes back, and the
-# softmax steps that need both.
-_RESETTLING = (
-    "fill_to_scalar", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
-    "replace_decomposed_softmax", "replace_masked_decomposed_softmax", "drop_softmax_max_shift",
-)
-
-# Rules for programs converted with a flexible input, worth running again once
-# coremltools has merged duplicate ops: what reads a runtime length from
-# several places reads it from one, which these rules then see.
-_FLEXIBLE_SHAPES = (
-    "read_sizes_from_the_input", "read_sliced_sizes_from_the_input", "fold_proved_int_value", "fuse_expand_dims",
-    "sdpa_decoder_causal_mask_to_bool", "rotary_table_from_scaled_positions",
-    "rotary_table_from_positions", "cos_of_a_constant_slice", "sin_of_a_constant_slice",
-    "expand_dims_of_a_constant_slice", "causal_mask_over_its_own_columns", "add_rows_without_leading_axes",
-    "add_below_reshape", "less_than_one_more", "merge_slices_from_the_start",
-    "rows_of_a_table_by_position", "gather_of_a_constant_slice", "gather_nd_of_one_row", "gather_nd_of_the_only_row",
-    "remove_logical_and_with_true",
-)
-
+# Where each of MIL's groups (`rewrite.backends.pass_groups("mil")`) runs; its
+# rules are those whose `group` clauses name it. A rule in several groups runs
+# again where coremltools' passes may have exposed more for it: runtime fills
+# proved scalar, reductions given their axes back, the softmax steps that need
+# both, a flexible input's length read from one place once duplicate ops are
+# merged.
 GROUPS = (
-    PassGroup(
-        "rewrite::cleanup",
-        (
-            "fill_to_scalar", "remove_broadcast_tiles", "narrow_broadcast_tile", "remove_identity_tile",
-            "remove_matmul_batch_tiles", "fuse_transposes",
-            "remove_identity_transpose", "remove_cast_round_trip", "fuse_reshapes",
-            "remove_maximum_with_lowest", "fuse_reduce_keep_dims", "fuse_reduce_keep_dims_reshape",
-            "remove_noop_slice_update", "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
-            "broadcast_select_operands", "broadcast_select_bool_operands",
-            "constant_tile_reps", "tile_reps_from_size_list", "constant_reshape_shape", "add_uniform_embedding_row",
-            "shape_of_fill", "gather_of_scalar_concat", "sdpa_float_mask_to_bool", "remove_single_value_concat",
-        ) + _FLEXIBLE_SHAPES,
-        "common::const_elimination",
-        after=False,
-    ),
-    PassGroup(
-        "rewrite::fusion",
-        _RESETTLING + (
-            "remove_broadcast_tiles", "remove_maximum_with_lowest", "remove_select_of_masked_exp",
-            "fuse_selects_on_one_condition", "replace_decomposed_softmax_wide_sum", "drop_softmax_constant_shift",
-            "fuse_logit_softcap", "fold_scaling_into_scaled_tanh", "fuse_gelu_erf", "fuse_gelu_tanh",
-            "fold_transpose_into_matmul_x", "fold_transpose_into_matmul_y",
-            "constant_tile_reps", "tile_reps_from_size_list", "remove_identity_tile", "constant_reshape_shape",
-            "fold_scalar_into_zero_fill",
-            "lift_matmul_out_of_batch_one_reshapes", "move_transpose_swap_into_matmul_y", "remove_identity_transpose",
-            "fuse_masked_attention_to_sdpa", "fuse_masked_fill_attention_to_sdpa",
-            "fuse_additive_mask_attention_to_sdpa", "fuse_attention_to_sdpa", "remove_double_logical_not",
-            "fold_scaling_chain", "remove_scaling_by_one",
-            "shape_of_fill", "gather_of_scalar_concat", "sdpa_float_mask_to_bool", "remove_single_value_concat",
-        ) + _FLEXIBLE_SHAPES,
-        "common::fuse_matmul_weight_bias",
-        after=False,
-    ),
+    PassGroup("cleanup", "rewrite::cleanup", "common::const_elimination", after=False),
+    PassGroup("fusion", "rewrite::fusion", "common::fuse_matmul_weight_bias", after=False),
     # coremltools' reduction passes can expose a keep_dims max shift only now.
-    PassGroup(
-        "rewrite::late",
-        _RESETTLING + (
-            "fuse_rmsnorm", "fuse_rmsnorm_rows", "fold_norm_scale_into_weight", "fold_scaling_chain",
-            "remove_scaling_by_one",
-        ),
-        "common::fuse_reduce_mean",
-        after=True,
-    ),
+    PassGroup("late", "rewrite::late", "common::fuse_reduce_mean", after=True),
     # Once coremltools has merged duplicate ops (two selects by one mask, say),
     # values that were merely equal are the same value, which rules can see.
-    PassGroup(
-        "rewrite::settle",
-        # The causal masks' chains, once the attention they feed is fused (and
-        # a float mask it can take as a boolean one is that boolean, which a
-        # mask cut from a constant table no longer shows).
-        _RESETTLING + (
-            "fuse_selects_on_one_condition", "causal_float_mask_from_a_constant_band",
-            "causal_select_mask_from_a_constant_triangle", "causal_mask_from_a_constant_triangle",
-            "sdpa_mask_without_leading_unit_axes", "sdpa_mask_slice_without_leading_unit_axes",
-            "sdpa_mask_without_a_true_conjunct", "sdpa_select_mask_without_a_true_conjunct",
-        ) + _FLEXIBLE_SHAPES,
-        "common::remove_redundant_ops", after=True,
-    ),
+    PassGroup("settle", "rewrite::settle", "common::remove_redundant_ops", after=True),
     # coremltools guards every gather's indices against negative values only
     # now; the guards of indices proved non-negative go again at once.
-    PassGroup(
-        "rewrite::index_guards", ("remove_nonnegative_index_guard",), "common::guard_negative_gather_indices",
-        after=True,
-    ),
+    PassGroup("index_guards", "rewrite::index_guards", "common::guard_negative_gather_indices", after=True),
 )
 
 
 def register_groups(rules: RuleSet | None = None) -> tuple[str, ...]:
-    """Register every group as a coremltools graph pass; return their names."""
+    """Register every group as a coremltools graph pass; return their pass names."""
     rules = rules if rules is not None else load_rules(dialects=["mil"])
-    known = {rule.name for rule in rules.rules}
     for group in GROUPS:
-        register_graph_pass(rules.only(*[r for r in group.rules if r in known]), group.name)
-    return tuple(group.name for group in GROUPS)
+        register_graph_pass(rules.group(group.group), group.pass_name)
+    return tuple(group.pass_name for group in GROUPS)
 
 
 def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | None = None) -> ct.PassPipeline:
@@ -150,14 +81,14 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
     pipeline = copy.deepcopy(base) if base is not None else ct.PassPipeline.DEFAULT
     register_groups(rules)
     for group in GROUPS:
-        if group.name in pipeline.passes:
+        if group.pass_name in pipeline.passes:
             continue
         passes = list(pipeline.passes)
         if group.anchor in passes:
             index = passes.index(group.anchor) + (1 if group.after else 0)
         else:
             index = 0 if not group.after else len(passes)
-        pipeline.insert_pass(index, group.name)
+        pipeline.insert_pass(index, group.pass_name)
     return pipeline
 
 

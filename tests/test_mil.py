@@ -19,7 +19,7 @@ def test_groups_sit_where_the_converter_puts_its_passes():
     assert passes[passes.index("common::fuse_reduce_mean") + 1] == "rewrite::late"
     assert passes[passes.index("common::remove_redundant_ops") + 1] == "rewrite::settle"
     # The groups and nothing else: every pass of the base, in its order.
-    assert [name for name in passes if name not in {group.name for group in GROUPS}] == before
+    assert [name for name in passes if name not in {group.pass_name for group in GROUPS}] == before
 
 
 def test_building_twice_adds_nothing():

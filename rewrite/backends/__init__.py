@@ -28,10 +28,19 @@ from rewrite.language.schema import InputSpec, OpSignature
 _BACKENDS = {"mil": "rewrite.backends.mil", "onnx": "rewrite.backends.onnx"}
 # dialect -> the distribution whose op registry its schema reads
 _LIBRARIES = {"mil": "coremltools", "onnx": "onnx"}
+# dialect -> the pass groups its rules may name in `group` clauses, in the
+# order they run. rewrite/mil.py places MIL's among coremltools' passes;
+# ONNX has no pass pipeline, so an ONNX rule names none.
+_GROUPS = {"mil": ("cleanup", "fusion", "late", "settle", "index_guards"), "onnx": ()}
 
 
 def dialects() -> list[str]:
     return sorted(_BACKENDS)
+
+
+def pass_groups(dialect: str) -> tuple[str, ...]:
+    """The pass groups `dialect`'s rules may name in `group` clauses (() for none)."""
+    return _GROUPS.get(dialect, ())
 
 
 def backend_module(dialect: str):
@@ -85,6 +94,7 @@ class DeferredSchema:
 
     def __init__(self, dialect: str):
         self.dialect = dialect
+        self.groups = pass_groups(dialect)
         self._table: dict[str, tuple] | None = None
         self._live = None
         self._signatures: dict[str, OpSignature | None] = {}

@@ -415,6 +415,16 @@ class Example:
 
 
 @dataclass(frozen=True)
+class Group:
+    """`group cleanup, fusion`: pass groups the rule runs in, which the dialect's backend
+    names and places in its pipeline. `name_spans` are where each name is written."""
+
+    names: tuple[str, ...]
+    span: Span = field(compare=False)
+    name_spans: tuple[Span, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     description: str
@@ -425,10 +435,16 @@ class Rule:
     benefit: int
     span: Span = field(compare=False)
     examples: tuple[Example, ...] = field(default=(), compare=False)
+    groups: tuple[Group, ...] = ()
 
     @property
     def anchor(self) -> MatchClause:
         return self.matches[0]
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        """The groups every `group` clause names, in the order written."""
+        return tuple(name for group in self.groups for name in group.names)
 
 
 @dataclass(frozen=True)

@@ -418,7 +418,32 @@ class Checker:
             self.error(rule.span, f"rule '{rule.name}' has no 'rewrite' clause")
         for example in rule.examples:
             self._check_example(example)
+        self._check_groups(rule)
         return replace(rule, matches=tuple(matches), conditions=conditions, actions=tuple(actions))
+
+    def _check_groups(self, rule: ast.Rule) -> None:
+        if self.schema is None or not rule.groups:
+            return
+        known = tuple(self.schema.groups)
+        seen: set[str] = set()
+        for group in rule.groups:
+            spans = group.name_spans or (group.span,) * len(group.names)
+            for name, span in zip(group.names, spans):
+                if name in seen:
+                    self.error(span, f"rule '{rule.name}' is in group '{name}' already")
+                elif not known:
+                    self.error(
+                        span,
+                        f"unknown {self.schema.dialect} group '{name}': {self.schema.dialect} rules have no "
+                        f"groups (the backend has no pass pipeline to place them in); remove the 'group' clause",
+                    )
+                elif name not in known:
+                    self.error(
+                        span,
+                        f"unknown {self.schema.dialect} group '{name}' (the groups are {', '.join(known)})"
+                        + self._suggest(name, known),
+                    )
+                seen.add(name)
 
     def _check_example(self, example: ast.Example) -> None:
         defined = self._check_example_statements(example.statements, set())

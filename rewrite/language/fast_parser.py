@@ -46,7 +46,9 @@ MAX_CONDITIONS = 64
 # Words that may follow a complete `where` clause: the next clause, the next
 # item, or nothing. lark reduces the clause on seeing one of them (and only
 # then), which is where its path checks the count of conditions.
-_AFTER_CLAUSE = frozenset({"match", "where", "benefit", "rewrite", "example", "rule", "dialect", "import", "class"})
+_AFTER_CLAUSE = frozenset({
+    "match", "where", "benefit", "rewrite", "example", "group", "rule", "dialect", "import", "class",
+})
 
 
 def too_many_conditions(span: ast.Span, source_line: str) -> RuleError:
@@ -112,7 +114,7 @@ _PUNCTUATION = frozenset(["...", "->", "==", "!=", "<=", ">=", *"<>=()[],:|+-*/?
 _COMPARE = frozenset({"==", "!=", "<=", ">=", "<", ">"})
 # Words that are keywords where an expression may start (and a NAME too).
 _EXPRESSION_KEYWORDS = frozenset({"not", "forall", "exists", "every", "true", "false"})
-_CLAUSES = frozenset({"match", "where", "benefit", "rewrite", "example"})
+_CLAUSES = frozenset({"match", "where", "benefit", "rewrite", "example", "group"})
 _STATEMENTS = frozenset({"input", "output", "opset"})
 
 _END = ("$END", "", (0, 0), (0, 0))
@@ -219,7 +221,7 @@ _Quantifier, _EveryUse, _Argument = map(_maker, (ast.Quantifier, ast.EveryUse, a
 _OpBuild, _Rebuild, _BuildAction, _ReplaceAction = map(
     _maker, (ast.OpBuild, ast.Rebuild, ast.BuildAction, ast.ReplaceAction)
 )
-_MatchClause, _Condition, _Example = map(_maker, (ast.MatchClause, ast.Condition, ast.Example))
+_MatchClause, _Condition, _Example, _Group = map(_maker, (ast.MatchClause, ast.Condition, ast.Example, ast.Group))
 _ExampleInput, _ExampleOp, _ExampleOutput, _ExampleOpset = map(
     _maker, (ast.ExampleInput, ast.ExampleOp, ast.ExampleOutput, ast.ExampleOpset)
 )
@@ -363,7 +365,7 @@ class FastParser:
         self.position += 1
         name = self.expect("NAME")
         description = self.expect("STRING")
-        matches, conditions, actions, examples = [], [], [], []
+        matches, conditions, actions, examples, groups = [], [], [], [], []
         benefit = 0
         counted = 0  # conditions so far, each part of a `where` that `and` joins one
         tokens = self.tokens
@@ -394,6 +396,8 @@ class FastParser:
             elif word == "benefit":
                 self.position += 1
                 benefit = self.integer(self.expect("INT"))
+            elif word == "group":
+                groups.append(self.group_clause())
             else:
                 examples.append(self.example())
         if len(matches) > MAX_MATCHES:
@@ -401,8 +405,19 @@ class FastParser:
         return {
             "name": name[1], "description": description[1][1:-1], "matches": tuple(matches),
             "conditions": tuple(conditions), "actions": tuple(actions), "benefit": benefit,
-            "span": self.token_span(name), "examples": tuple(examples),
+            "span": self.token_span(name), "examples": tuple(examples), "groups": tuple(groups),
         }
+
+    def group_clause(self) -> ast.Group:
+        start = self.take()[2]
+        names = [self.expect("NAME")]
+        while self.tokens[self.position][0] == ",":
+            self.position += 1
+            names.append(self.expect("NAME"))
+        return _Group(
+            tuple(name[1] for name in names), self.span(start, names[-1][3]),
+            tuple(self.token_span(name) for name in names),
+        )
 
     def match_clause(self) -> ast.MatchClause:
         self.position += 1

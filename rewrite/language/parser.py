@@ -508,11 +508,13 @@ class _ToAst(Transformer_NonRecursive):
 
     def rule(self, meta, children):
         name, description, *clauses = children
-        matches, conditions, actions, examples = [], [], [], []
+        matches, conditions, actions, examples, groups = [], [], [], [], []
         benefit = 0
         for kind, value in clauses:
             if kind == "example":
                 examples.append(value)
+            elif kind == "group":
+                groups.append(value)
             elif kind == "match":
                 matches.append(value)
             elif kind == "where":
@@ -534,6 +536,7 @@ class _ToAst(Transformer_NonRecursive):
             benefit=benefit,
             span=self._token_span(name),
             examples=tuple(examples),
+            groups=tuple(groups),
         )
 
     def _too_many(self, span: ast.Span, message: str):
@@ -555,6 +558,10 @@ class _ToAst(Transformer_NonRecursive):
     def benefit_clause(self, meta, children):
         (value,) = children
         return ("benefit", self._int(value))
+
+    def group_clause(self, meta, children):
+        names = tuple(str(name) for name in children)
+        return ("group", ast.Group(names, self._span(meta), tuple(self._token_span(name) for name in children)))
 
     def rewrite_clause(self, meta, children):
         return ("rewrite", tuple(children))

@@ -41,6 +41,9 @@ class OpSchema(Protocol):
     """The op registry of one dialect, used to check rules when they load."""
 
     dialect: str
+    # The pass groups a rule may name in its `group` clauses, which the
+    # backend places in its pipeline; () where it has none.
+    groups: Sequence[str]
 
     def signature(self, op_type: str) -> OpSignature | None:
         """The signature of `op_type`, or None if the dialect has no such op."""

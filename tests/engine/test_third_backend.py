@@ -30,6 +30,7 @@ SIGNATURES = {
 
 class ListSchema:
     dialect = "list"
+    groups = ()
 
     def signature(self, op_type: str):
         return SIGNATURES.get(op_type)

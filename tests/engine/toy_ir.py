@@ -36,6 +36,7 @@ _INPUTS = {
 
 class ToySchema:
     dialect = "toy"
+    groups = ()
 
     def signature(self, op_type):
         if op_type not in _INPUTS:

@@ -198,7 +198,7 @@ KNOWN_WARNINGS = {
     ("rotary_table_from_scaled_positions", "it may fire again on its own result"),
     # The causal masks' tables are built over a constant shape or a constant
     # range, where the patterns ask for a runtime one.
-    ("causal_float_mask_from_a_constant_band", "it may fire again on its own result"),
+    ("float_band_mask_from_a_constant_band", "it may fire again on its own result"),
     ("causal_select_mask_from_a_constant_triangle", "it may fire again on its own result"),
     # The rebuilt SDPA's mask has no conjunction: the pattern asks for one.
     ("sdpa_mask_without_a_true_conjunct", "it may fire again on its own result"),

@@ -108,7 +108,7 @@ def check_loads_or_reports(folder: Path, text: str) -> None:
 # ------------------------------------------------------------- token soup
 
 KEYWORDS = [
-    "dialect", "import", "from", "class", "rule", "match", "where", "benefit", "rewrite",
+    "dialect", "import", "from", "class", "rule", "match", "where", "benefit", "group", "rewrite",
     "in", "any", "order", "forall", "exists", "every", "use", "of", "is", "not", "and", "or",
     "true", "false", "with",
 ]
@@ -121,7 +121,7 @@ NAMES = [
     "x", "y", "reps", "values", "axis", "dtype", "i", "rank", "dim", "shape", "axes", "aligned_dim",
     "is_const", "const", "is_symbolic", "is_known", "use_count", "one_use", "block_output",
     "same_block", "op_type", "len", "range", "abs", "mod", "fp16", "fp32", "inf", "nan",
-    "nosuchop", "r", "r2",
+    "nosuchop", "r", "r2", "cleanup", "fusion", "nosuchgroup",
 ]
 VARS = ["%t", "%x", "%y", "%u", "%reps", "%other", "%rest", "%new", "%_"]
 LITERALS = [
@@ -255,17 +255,19 @@ def actions():
 
 def rules():
     return st.builds(
-        lambda name, matches, conditions, benefit, acts: "\n".join(
+        lambda name, matches, conditions, benefit, groups, acts: "\n".join(
             [f'rule {name} "a fuzzed rule"']
             + [f"  match {v} = {p}" for v, p in matches]
             + [f"  where {c}" for c in conditions]
             + ([f"  benefit {benefit}"] if benefit is not None else [])
+            + ([f"  group {', '.join(groups)}"] if groups else [])
             + ([f"  rewrite {' '.join(acts)}"] if acts else [])
         ),
         st.sampled_from(["r", "r2", "remove_broadcast_tiles"]),
         st.lists(st.tuples(var_names, op_patterns(2)), max_size=3),
         st.lists(expressions(), max_size=3),
         st.one_of(st.none(), st.integers(0, 100)),
+        st.lists(st.sampled_from(["cleanup", "fusion", "nosuchgroup"]), max_size=2),
         st.lists(actions(), max_size=3),
     )
 

@@ -36,7 +36,7 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "rules" / "onnx"
 ATTENTION_NAMES = [
     "onnx_fuse_attention", "onnx_fuse_attention_additive_mask", "onnx_fuse_attention_bool_mask",
     "onnx_fuse_attention_masked_fill", "onnx_fuse_attention_nan_guarded",
-    "onnx_fuse_attention_query_broadcast_mask",
+    "onnx_fuse_attention_one_row_mask",
 ]
 ROTARY_NAMES = ["onnx_fuse_rotary_embedding"]
 NEW_NAMES = ATTENTION_NAMES + ROTARY_NAMES
@@ -274,7 +274,7 @@ def test_a_mask_broadcast_over_the_queries_is_expanded_to_them(dynamo):
     model = at_23(export(PaddingMask(), (q, k, v, torch.randn(3, 6)), [HEAD_AXES] * 3 + [{0: "batch", 1: "seq"}],
                          dynamo=dynamo))
     after, fires = optimized(model)
-    assert fires == {"onnx_fuse_attention_query_broadcast_mask": 1}
+    assert fires == {"onnx_fuse_attention_one_row_mask": 1}
     assert counts(after)["Attention"] == 1 and counts(after)["Expand"] == 1 and "Softmax" not in counts(after)
 
 
@@ -340,7 +340,7 @@ MODELS = Path(__file__).resolve().parent.parent / "backends" / "onnx_models"
 BUNDLED_FIRES = {
     "llama": {"onnx_fuse_attention_additive_mask": 2, "onnx_fuse_rotary_embedding": 4},
     "gpt2": {"onnx_fuse_attention_additive_mask": 2},
-    "bert": {"onnx_fuse_attention_query_broadcast_mask": 2},
+    "bert": {"onnx_fuse_attention_one_row_mask": 2},
 }
 
 

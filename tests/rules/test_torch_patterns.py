@@ -384,7 +384,7 @@ def _fired() -> Counter:
     """The rules that fired in the last conversion, over all rule groups."""
     counts: Counter = Counter()
     for group in GROUPS:
-        statistics = PASS_REGISTRY[group.name].last_statistics
+        statistics = PASS_REGISTRY[group.pass_name].last_statistics
         counts.update({name: s.fires for name, s in statistics.rules.items() if s.fires})
     return counts
 
@@ -506,7 +506,7 @@ def test_coremltools_own_lowering_of_sdpa_with_scale_is_fused_back(flexible):
     # mask's -30000·(1 - cast(tril)) is a slice of a constant table, so its
     # mul (and cast, sub, fill, band_part) go too.
     if flexible:
-        assert fired["causal_float_mask_from_a_constant_band"] == 1
+        assert fired["float_band_mask_from_a_constant_band"] == 1
         assert histogram(ours)["mul"] == histogram(default)["mul"] - 1
         assert histogram(ours)["band_part"] == histogram(ours)["fill"] == histogram(ours)["cast"] == 0
     else:
@@ -545,7 +545,7 @@ def test_a_decoder_causal_mask_becomes_a_boolean_one():
     # (causal_mask_over_its_own_columns): one range, the positions'.
     _, default, _ = converted("decoder_causal_mask", True, False)
     _, ours, fired = converted("decoder_causal_mask", True, True)
-    assert fired["sdpa_decoder_causal_mask_to_bool"] == 1 and fired["causal_mask_over_its_own_columns"] == 1
+    assert fired["sdpa_causal_fill_mask_to_bool"] == 1 and fired["causal_mask_over_its_own_columns"] == 1
     before, after = histogram(default), histogram(ours)
     assert before["band_part"] == 1 and before["fill"] == 1 and before["greater"] == 1
     assert after["band_part"] == after["fill"] == after["greater"] == after["cast"] == after["mul"] == 0
@@ -865,13 +865,13 @@ def test_transformers5_rotary_table_and_causal_sdpa_mask_are_cuts_of_constants()
     # range(0, 64), whose cos and sin fold; coremltools' causal float mask for the SDPA it
     # decomposes (scale given) reads the query's and key's lengths from their shapes, which
     # are the input's (read_sliced_sizes_from_the_input), and its -30000·(1 - cast(tril))
-    # is a cut of a folded constant (causal_float_mask_from_a_constant_band).
+    # is a cut of a folded constant (float_band_mask_from_a_constant_band).
     _, default, _ = converted("transformers5_rotary", True, False)
     _, ours, fired = converted("transformers5_rotary", True, True)
     assert fired["rotary_table_from_scaled_positions"] == 1
     assert fired["cos_of_a_constant_slice"] == fired["sin_of_a_constant_slice"] == 1
     assert fired["read_sliced_sizes_from_the_input"] == 2
-    assert fired["causal_float_mask_from_a_constant_band"] == 1
+    assert fired["float_band_mask_from_a_constant_band"] == 1
     after = histogram(ours)
     for gone in ("range_1d", "cos", "sin", "fill", "band_part", "cast", "sub"):
         assert after[gone] == 0, gone

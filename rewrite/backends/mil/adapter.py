@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rewrite.backends import pass_groups
 from rewrite.backends.mil import shapes as mil_shapes
 from rewrite.backends.mil.editing import MilEditing
 from rewrite.backends.mil.pymil import (
@@ -64,6 +65,7 @@ class MilSchema:
     """coremltools' op registry, at the newest opset each op has."""
 
     dialect = DIALECT
+    groups = pass_groups(DIALECT)
 
     @functools.cached_property
     def _registry(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from rewrite.backends import pass_groups
 from rewrite.language.schema import InputSpec, OpSignature
 
 DIALECT = "onnx"
@@ -21,6 +22,7 @@ class OnnxSchema:
     """The default-domain operators of `onnx.defs`, at their newest version."""
 
     dialect = DIALECT
+    groups = pass_groups(DIALECT)
 
     @functools.cached_property
     def _schemas(self) -> dict[str, Any]:
