@@ -2,11 +2,17 @@
 
     python bench/mutation_score.py [--trials 200] [--rule NAME ...] [--markdown]
 
-Each mutant is the shipped library with one condition of one rule deleted,
-as an author would delete it in the text:
+Each mutant is the shipped library with one change to one rule, as an
+author would make it in the text:
 
-- each `where` clause, whole;
-- each top-level conjunct of a clause that has several (`a and b and c`).
+- each `where` clause deleted, whole;
+- each top-level conjunct of a clause that has several (`a and b and c`) deleted;
+- with `--constants`, each number of a condition or of the rewrite changed
+  (a float to one significant digit, or halved where that is itself; an int
+  plus one): 0.044715 -> 0.04, 0.5 -> 0.25, an axis -1 -> -2. Keyword
+  arguments (tolerances such as `close(..., rel=1e-6)`) are not changed. A constant
+  mutant that verify finds nothing wrong with and that no instance fires
+  (NONE) is sound by default: it rewrites nothing.
 
 A mutant that loads is *caught* when one of the rule's own examples fails,
 or when `verify` finds a counterexample (on instances shaped by the full
@@ -370,6 +376,54 @@ def mutants(folder: Path, only: set[str] | None = None):
                              {**sources, name: text[:begin] + rewritten + text[finish:]})
 
 
+def _literals(node, inside_available: bool = False):
+    """Every int or float literal under `node` (tuples walked too), but for those `available(...)` names."""
+    if isinstance(node, tuple):
+        for item in node:
+            yield from _literals(item, inside_available)
+        return
+    if isinstance(node, ast.Literal):
+        if type(node.value) in (int, float) and not inside_available:
+            yield node
+        return
+    if isinstance(node, ast.Call) and node.function == "available":
+        inside_available = True
+    if isinstance(node, ast.Call) and node.function == "close":
+        # A tolerance (`close(..., rel=1e-6, ulps=4)`) is no value a rewrite computes with: a changed
+        # one moves what passes for equal by rounding, and no instance could tell.
+        yield from _literals(node.arguments, inside_available)
+        return
+    if hasattr(node, "__dataclass_fields__") and not isinstance(node, ast.Span):
+        for name in node.__dataclass_fields__:
+            yield from _literals(getattr(node, name), inside_available)
+
+
+def _changed(value) -> str:
+    if type(value) is int:
+        return str(value + 1)
+    rounded = float(f"{value:.1g}")
+    return repr(rounded if rounded != value else value / 2)
+
+
+def constant_mutants(folder: Path, only: set[str] | None = None):
+    """Each number of each rule's conditions and rewrite changed, one at a time."""
+    sources = {path.name: path.read_text() for path in sorted(folder.glob("*.rules"))}
+    for rule in rewrite.load_rules(folder).rules:
+        if only and rule.name not in only:
+            continue
+        name = Path(rule.span.file).name
+        text = sources[name]
+        seen = set()
+        for literal in _literals((rule.conditions, rule.actions)):
+            begin, end = _cut(text, literal.span)
+            if (begin, end) in seen:
+                continue
+            seen.add((begin, end))
+            new = _changed(literal.value)
+            yield Mutant(rule.name, f"{text[begin:end]} -> {new}", str(literal.span),
+                         {**sources, name: text[:begin] + new + text[end:]})
+
+
 def judge(mutant: Mutant, original: ast.Rule, trials: int, strip_examples: bool = False) -> Outcome:
     with tempfile.TemporaryDirectory() as scratch:
         for name, text in mutant.files.items():
@@ -389,7 +443,11 @@ def judge(mutant: Mutant, original: ast.Rule, trials: int, strip_examples: bool 
         verdict = verify_rule(rule, trials=trials, seed=0, necessity=False, shaped_by=original)
         if verdict.counterexample is not None:
             return Outcome(mutant, "caught by verify", verdict.counterexample.problem)
+        if " -> " in mutant.deleted and verdict.instances == 0:
+            return Outcome(mutant, "not caught", "no instance fires the changed rule (NONE): it rewrites nothing")
     argument = ARGUMENTS.get((mutant.rule, mutant.deleted)) or general_argument(original, mutant.deleted)
+    if " -> " in mutant.deleted:  # a changed constant: argued one by one, or not
+        return Outcome(mutant, "not caught", argument)
     if not argument:  # a conjunction of clauses each argued is argued too
         parts = [_squash(_source(original, part)) for part in ast.conjuncts(_parse_condition(original, mutant))]
         arguments = [ARGUMENTS.get((mutant.rule, part)) or general_argument(original, part) for part in parts]
@@ -419,6 +477,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--rule", action="append", help="only these rules")
     parser.add_argument("--markdown", action="store_true", help="print the uncaught mutants as a table")
+    parser.add_argument("--constants", action="store_true",
+                        help="also change each number of each rule, one at a time (value-level mutants)")
     parser.add_argument("--strip-examples", action="store_true",
                         help="judge by verify alone: the rules' in-file examples neither shape instances nor catch")
     args = parser.parse_args(argv)
@@ -429,7 +489,11 @@ def main(argv=None) -> int:
     originals = {rule.name: rule for rule in rewrite.load_rules().rules}
     outcomes = []
     for dialect_folder in sorted(p for p in shipped.iterdir() if p.is_dir()):
-        for mutant in mutants(dialect_folder, set(args.rule) if args.rule else None):
+        only = set(args.rule) if args.rule else None
+        found = list(mutants(dialect_folder, only))
+        if args.constants:
+            found += list(constant_mutants(dialect_folder, only))
+        for mutant in found:
             outcome = judge(mutant, originals[mutant.rule], args.trials, args.strip_examples)
             outcomes.append(outcome)
             print(f"{outcome.verdict:20} {mutant.rule}: {mutant.deleted[:70]}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from rewrite import backends, resources
 from rewrite.engine.driver import DEFAULT_MAX_SWEEPS, Driver, Progress, Statistics
 from rewrite.engine.interfaces import Capability, optional
 from rewrite.engine.steps import Steps
-from rewrite.language import ast
+from rewrite.language import assumptions, ast
 from rewrite.language.errors import Diagnostic
 from rewrite.language.loader import load_rule_files
 from rewrite.predicates import registered_predicates
@@ -54,6 +54,7 @@ class RuleSet:
         count_ops: bool = False,
         steps: Steps | None = None,
         source: Any = None,
+        assume: Iterable[str] = (),
     ) -> Statistics:
         """Rewrite `program` in place with the rules of its dialect; return statistics.
 
@@ -67,13 +68,16 @@ class RuleSet:
         stops the run at its limit (see `rewrite.engine.steps`). For an ONNX
         model read by `rewrite.backends.onnx.files.read_onnx` with its
         external data left on disk, `source` (what it returned) says where.
+        A rule with an `assume` clause fires only if `assume` grants all it
+        assumes (`rewrite.language.assumptions`: `"no_nans"`,
+        `"no_signed_zeros"`); elsewhere the statistics count it as `kept`.
         """
         with paused_garbage_collection():
             adapter = backends.adapter_for(program, check_types=check_types, source=source)
             try:
                 return self.apply_with(
                     adapter, max_sweeps=max_sweeps, progress=progress, count_ops=count_ops, check_types=check_types,
-                    steps=steps,
+                    steps=steps, assume=assume,
                 )
             finally:
                 release = optional(adapter, Capability.RELEASE)  # an index of its own, now done with
@@ -89,6 +93,7 @@ class RuleSet:
         count_ops: bool = False,
         check_types: bool = False,
         steps: Steps | None = None,
+        assume: Iterable[str] = (),
     ) -> Statistics:
         """Like `apply`, over an adapter you built (for a backend of your own).
 
@@ -98,7 +103,7 @@ class RuleSet:
         rules = self.for_dialect(adapter.dialect)
         driver = Driver(
             rules, adapter, registered_predicates(), max_sweeps=max_sweeps, progress=progress, count_ops=count_ops,
-            check_types=check_types, steps=steps,
+            check_types=check_types, steps=steps, assume=assumptions.granted(assume),
         )
         return driver.run()
 

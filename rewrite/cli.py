@@ -23,6 +23,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from rewrite.language.assumptions import ASSUMPTIONS, flag, granted
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
@@ -93,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"give up (exit 1) when rules still fire after N sweeps (default: {DEFAULT_MAX_SWEEPS})")
     apply.add_argument("--check-types", action="store_true",
                        help="re-derive types after each rewrite and stop at a rule that changes one")
+    apply.add_argument("--assume", action="append", metavar="NAME", type=_assumption, default=[],
+                       help="grant an assumption that rules may state beyond IEEE-exact values (repeatable): "
+                            + "; ".join(f"{flag(name)}: {meaning}" for name, meaning in ASSUMPTIONS.items()))
     apply.add_argument("--stats", action="store_true", help="also print attempts and time per rule")
     apply.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
@@ -101,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("model", metavar="MODEL", help="an .mlpackage or an .onnx file (not changed)")
     explain.add_argument("--rule", metavar="NAME", help="only this rule")
     explain.add_argument("--op", metavar="NAME", help="only the anchor op (or node) with this name")
+    explain.add_argument("--assume", action="append", metavar="NAME", type=_assumption, default=[],
+                         help="explain as 'apply --assume NAME' would decide (repeatable)")
     explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
 
     test = commands.add_parser("test", help="run the examples the rules carry", **described)
@@ -152,6 +159,14 @@ def _version() -> str:
         return metadata.version("rewrite")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
+
+
+def _assumption(text: str) -> str:
+    try:
+        (name,) = granted([text])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name
 
 
 def _positive(text: str) -> int:
@@ -372,7 +387,8 @@ def _explain(arguments) -> int:
     try:
         adapter = backends.adapter_for(model.program, source=model.source if model.format == "onnx" else None)
         explanations = explain(
-            rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op
+            rule_set.rules, adapter, registered_predicates(), rule_name=arguments.rule, op_name=arguments.op,
+            assume=frozenset(arguments.assume),
         )
     except ModelError as error:
         raise UserError(str(error)) from None
@@ -448,7 +464,7 @@ def _apply(arguments) -> int:
                                            input_files=model.files(), in_place=arguments.in_place)
         except output.OutputError as error:
             raise UserError(str(error)) from None
-        options = {"check_types": arguments.check_types, "count_ops": True}
+        options = {"check_types": arguments.check_types, "count_ops": True, "assume": frozenset(arguments.assume)}
         details: dict = {}  # what the JSON report says beside the statistics
         if arguments.max_sweeps is not None:
             options["max_sweeps"] = arguments.max_sweeps
@@ -467,6 +483,7 @@ def _apply(arguments) -> int:
                     "fold": False, "prune_dead": False, "constants_as_initializers": False, "max_rounds": 1}
                 result = optimize(model.program, arguments.opset, rules=rule_set, progress=bar,
                                   check_types=arguments.check_types, original=model.reread, source=model.source,
+                                  assume=frozenset(arguments.assume),
                                   overridable_initializers=True if arguments.overridable_initializers else None,
                                   **({"max_sweeps": arguments.max_sweeps} if arguments.max_sweeps else {}),
                                   **only_rules)
@@ -497,7 +514,8 @@ def _apply(arguments) -> int:
             model.publish(target, arguments.in_place)
         except output.OutputError as error:
             raise UserError(str(error)) from None
-        _report(arguments, statistics, source, target.path if arguments.in_place else requested, details)
+        assumed = {rule.name: rule.assumption_names for rule in rule_set.rules if rule.assumptions}
+        _report(arguments, statistics, source, target.path if arguments.in_place else requested, details, assumed)
     return EXIT_OK
 
 
@@ -564,7 +582,7 @@ def _progress_bar(ops: int) -> _ProgressBar | None:
     return _ProgressBar(ops)
 
 
-def _report(arguments, statistics, source, destination, details: dict) -> None:
+def _report(arguments, statistics, source, destination, details: dict, assumed: dict) -> None:
     ops_before, ops_after = statistics.ops_before, statistics.ops_after
     # On stderr in every mode: a rule skipped for its match budget did not
     # fire where it might have, and the user should know which one.
@@ -572,6 +590,13 @@ def _report(arguments, statistics, source, destination, details: dict) -> None:
         if rule.exhausted:
             print(f"note: rule '{name}' was skipped at {_plural(rule.exhausted, 'anchor')}: matching it there "
                   "took more than its budget of structural attempts (see 'rewrite explain')", file=sys.stderr)
+    # On stderr in every mode too: what a granted assumption would change.
+    for name, rule in statistics.rules.items():
+        if rule.kept:
+            missing = sorted(assumed.get(name, frozenset()) - set(arguments.assume))
+            print(f"note: {_plural(rule.kept, 'place')} kept where rule '{name}' holds but assumes "
+                  f"{' and '.join(missing)}; {' '.join(f'--assume {flag(m)}' for m in missing)} rewrites "
+                  f"{'them' if rule.kept > 1 else 'it'}", file=sys.stderr)
     if arguments.json:
         document = {
             "input": str(source),

@@ -69,7 +69,7 @@ def run_example(rule: ast.Rule, example: ast.Example) -> ExampleResult:
     try:
         # Checked: a rule whose own conditions let through what the engine's
         # shape guard then refuses is wrong, even where the guard saves the model.
-        statistics = RuleSet((rule,)).apply(program, check_types=True)
+        statistics = RuleSet((rule,)).apply(program, check_types=True, assume=rule.assumption_names)
     except UnsoundRewriteError as error:
         return result(False, str(error))
     after = canonical(backends.adapter_for(program))

@@ -19,7 +19,7 @@ fusion`); a rule in no group is not in the pipeline.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rewrite.api import RuleSet, load_rules
@@ -27,6 +27,7 @@ from rewrite.backends.mil import Program, ct, register_graph_pass
 from rewrite.backends.mil import validation as mil_validation
 from rewrite.engine.driver import Statistics
 from rewrite.engine.steps import StepLimitReached, Steps, first_breaking_step
+from rewrite.language import assumptions
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def register_groups(rules: RuleSet | None = None) -> tuple[str, ...]:
     return tuple(group.pass_name for group in GROUPS)
 
 
-def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | None = None) -> ct.PassPipeline:
+def build_pass_pipeline(
+    base: ct.PassPipeline | None = None, rules: RuleSet | None = None, assume: Iterable[str] = (),
+) -> ct.PassPipeline:
     """`base` (default: coremltools' default pipeline) with the rule groups placed in it.
 
     `base` itself is not changed, and a pipeline that already has the groups
@@ -77,7 +80,11 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
     `dead_code_elimination` after each group removed the frontend's dead ops
     earlier than the default pipeline does, which changed what
     `add_int16_cast` and `guard_negative_gather_indices` made of the rest.)
+
+    `assume` grants rules that state assumptions (`RuleSet.apply`'s
+    `assume`), as each group pass's `assume` option.
     """
+    granting = ",".join(sorted(assumptions.granted(assume)))
     pipeline = copy.deepcopy(base) if base is not None else ct.PassPipeline.DEFAULT
     register_groups(rules)
     for group in GROUPS:
@@ -89,6 +96,9 @@ def build_pass_pipeline(base: ct.PassPipeline | None = None, rules: RuleSet | No
         else:
             index = 0 if not group.after else len(passes)
         pipeline.insert_pass(index, group.pass_name)
+    if granting:
+        for group in GROUPS:
+            pipeline.set_options(group.pass_name, {"assume": granting})
     return pipeline
 
 

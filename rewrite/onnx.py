@@ -84,6 +84,7 @@ def _add(total: Statistics, run: Statistics) -> None:
         into.refused += rule.refused
         into.unevaluable += rule.unevaluable
         into.exhausted += rule.exhausted
+        into.kept = rule.kept  # places in the graph as it now is, not events: the latest run's
         into.seconds += rule.seconds
 
 

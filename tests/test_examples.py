@@ -57,10 +57,10 @@ def _feeds(example, size: int, seed: int = 0) -> dict:
 @pytest.mark.parametrize("rule, example", FIRING, ids=FIRING_IDS)
 def test_a_firing_example_fires_the_same_inside_both_branches_of_a_conditional(rule, example):
     _, flat = _built(rule, example, nested=False)
-    flat_fires = RuleSet((rule,)).apply(flat).fires
+    flat_fires = RuleSet((rule,)).apply(flat, assume=rule.assumption_names).fires
     backend, program = _built(rule, example, nested=True)
     original = backend.copy_program(program)
-    fires = RuleSet((rule,)).apply(program).fires
+    fires = RuleSet((rule,)).apply(program, assume=rule.assumption_names).fires
     assert flat_fires >= 1 and fires == 2 * flat_fires
     for flag in FLAGS[rule.dialect][1]:
         feeds = {**_feeds(example, 3), "flag": flag}
@@ -74,9 +74,9 @@ def test_a_firing_example_fires_the_same_inside_both_branches_of_a_conditional(r
 @pytest.mark.parametrize("rule, example", FIRING, ids=FIRING_IDS)
 def test_a_firing_example_is_a_fixed_point_after_one_run(rule, example):
     _, program = _built(rule, example, nested=False)
-    assert RuleSet((rule,)).apply(program).fires >= 1
+    assert RuleSet((rule,)).apply(program, assume=rule.assumption_names).fires >= 1
     printed = canonical(backends.adapter_for(program))
-    assert RuleSet((rule,)).apply(program).fires == 0
+    assert RuleSet((rule,)).apply(program, assume=rule.assumption_names).fires == 0
     assert canonical(backends.adapter_for(program)) == printed
 
 

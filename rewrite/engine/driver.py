@@ -39,6 +39,9 @@ class RuleStatistics:
     unevaluable: int = 0  # matched and held, but an operand to build had no value (say `uniform` of NaNs),
     # or an op to build is not available at the program's target
     exhausted: int = 0  # anchors skipped: matching took more than the match budget's attempts there
+    # Anchors of the result where it holds but assumes what the run did not
+    # grant (`assume` clauses): counted in the last sweep, so each place once.
+    kept: int = 0
     seconds: float = 0.0
 
 
@@ -71,6 +74,11 @@ class Statistics:
         """Anchors where a rule was skipped for its match budget, over all rules."""
         return sum(r.exhausted for r in self.rules.values())
 
+    @property
+    def kept(self) -> int:
+        """Places left as they were for an assumption not granted, over all rules."""
+        return sum(r.kept for r in self.rules.values())
+
     def fired(self, rule: str) -> int:
         return self.rules[rule].fires if rule in self.rules else 0
 
@@ -82,7 +90,8 @@ class Statistics:
             "ops_after": self.ops_after,
             "rules": {
                 name: {"attempts": r.attempts, "fires": r.fires, "refused": r.refused,
-                       "unevaluable": r.unevaluable, "exhausted": r.exhausted, "seconds": round(r.seconds, 6)}
+                       "unevaluable": r.unevaluable, "exhausted": r.exhausted, "kept": r.kept,
+                       "seconds": round(r.seconds, 6)}
                 for name, r in self.rules.items()
             },
         }
@@ -148,6 +157,7 @@ class Driver:
         check_types: bool = False,
         match_budget: int = MATCH_BUDGET,
         steps: Steps | None = None,
+        assume: frozenset[str] = frozenset(),
     ):
         if max_sweeps < 1:
             raise ValueError(f"max_sweeps must be at least 1, not {max_sweeps}")
@@ -160,6 +170,9 @@ class Driver:
         # A rule author asked to hear about a rewrite the guard refuses.
         self.check_types = check_types
         self.steps = steps
+        # What the user grants; a rule assuming more holds but is kept (`missing`).
+        self.assume = frozenset(assume)
+        self._kept: dict[str, int] = {}  # per rule, in the current sweep
         # Rewrites not made although the rule held: the guard's refusals,
         # operands without a value, ops the target lacks and builds that
         # failed, with the rule and the anchor.
@@ -199,12 +212,15 @@ class Driver:
                 if self.progress is not None:
                     self.progress.sweep(self.statistics.sweeps)
                 fired: list[str] = []
+                self._kept.clear()
                 for block in self.adapter.top_blocks():
                     self._sweep(block, fired)
                 if self.progress is not None:
                     self.progress.advance(self._visited)
                     self._visited = 0
                 if not fired:
+                    for name, kept in self._kept.items():
+                        self.statistics.rules[name].kept = kept
                     return self.statistics
             raise RewriteLimitError(self.max_sweeps, sorted(set(fired)))
         finally:
@@ -283,6 +299,10 @@ class Driver:
             budget.stop()
         return None
 
+    def missing(self, rule: ast.Rule) -> frozenset[str]:
+        """What `rule` assumes that this run does not grant (empty: it may fire)."""
+        return rule.assumption_names - self.assume
+
     def try_rule(self, rule: ast.Rule, anchor: Op) -> bool:
         """Match, check and, if everything holds, rewrite. True if the rule fired."""
         statistics = self.statistics.rules[rule.name]
@@ -297,6 +317,9 @@ class Driver:
                 self.exhausted.append((rule.name, anchor))
                 return False
             if env is None:
+                return False
+            if rule.assumptions and self.missing(rule):
+                self._kept[rule.name] = self._kept.get(rule.name, 0) + 1
                 return False
             if self.steps is not None:
                 self.steps.take(rule.name)

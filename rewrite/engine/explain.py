@@ -37,6 +37,7 @@ from rewrite.engine.interfaces import Adapter, Capability, optional
 from rewrite.engine.matcher import Mismatch
 from rewrite.engine.rewriter import Unavailable, Unevaluable, subexpressions
 from rewrite.language import ast
+from rewrite.language.assumptions import ASSUMPTIONS, flag
 from rewrite.language.errors import Diagnostic, RuleError, SourceText
 from rewrite.language.loader import UnreadableRules, read_rules_text
 from rewrite.language.logic import UNKNOWN, Term, Truth
@@ -46,6 +47,7 @@ GUARD = "the shape guard refuses the rewrite"
 UNEVALUABLE = "a rewrite value cannot be evaluated"
 BUDGET = "the match budget is exhausted"
 UNAVAILABLE = "an op the rewrite builds is not available"
+ASSUMED = "the rule assumes what the run does not grant"
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Explanation:
     anchor: str
     fired: bool
     location: str  # file:line of the failing condition (or of the rule)
-    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE, UNAVAILABLE, GUARD or BUDGET
+    # "fires", PATTERN, "condition is no/unknown", UNEVALUABLE, UNAVAILABLE, GUARD, BUDGET or ASSUMED
     reason: str
     condition: str = ""  # the `where` clause (the `match` clause, the operand built), as written
     failed: str = ""  # the innermost failing part, as written
@@ -191,13 +193,15 @@ def explain(
     predicates: dict,
     rule_name: str | None = None,
     op_name: str | None = None,
+    assume: frozenset[str] = frozenset(),
 ) -> list[Explanation]:
     """Decisions of `rules` on every candidate anchor of `adapter`'s program.
 
-    Changes nothing. Raises `RuleError` if a rules file can no longer be
-    read to quote from.
+    Changes nothing. `assume` is what the run would grant (`RuleSet.apply`'s
+    `assume`): a rule assuming more holds but does not fire, and is said so.
+    Raises `RuleError` if a rules file can no longer be read to quote from.
     """
-    driver = Driver(rules, adapter, predicates)
+    driver = Driver(rules, adapter, predicates, assume=assume)
     explainer = _Explainer(driver, _Sources())
     explanations = []
     for rule in rules:
@@ -237,6 +241,16 @@ class _Explainer:
 
     def _would_fire(self, rule: ast.Rule, env: dict, anchor_name: str) -> Explanation:
         held, bound = self._held(rule, env), self._bound(env)
+        missing = sorted(self.driver.missing(rule))
+        if missing:
+            flags = " ".join(f"--assume {flag(name)}" for name in missing)
+            return Explanation(
+                rule.name, anchor_name, False, str(rule.assumptions[0].span), ASSUMED,
+                failed=", ".join(missing), truth="no",
+                note=f"every condition holds, but the rule assumes {' and '.join(missing)} "
+                     f"({'; '.join(ASSUMPTIONS[name] for name in missing)}); {flags} grants it",
+                held=held, bound=bound,
+            )
         refusal = self.driver.rewriter.preflight(rule, env)
         if isinstance(refusal, Unevaluable):
             return replace(self._unevaluable(rule, refusal, env, anchor_name), held=held, bound=bound)

@@ -72,6 +72,10 @@ class ExampleFacts:
     flag_input: tuple  # (name, dtype, dims) of the predicate input of a nested instance
     scalings: tuple[Scaling, ...]  # the spellings of k·x that `unscaled` and `scale_of` see through
     old_broadcast_below: int | None = None  # opsets below this broadcast only when told (`broadcast=1`)
+    # The evaluators `evaluate_example(..., engine=)` takes, in the order to try
+    # them: both sides of an instance are evaluated by the first that runs the
+    # original, as two evaluators need not agree (on a zero's sign, say).
+    engines: tuple = (None,)
 
 
 class OperandRejected(Exception):

@@ -425,6 +425,16 @@ class Group:
 
 
 @dataclass(frozen=True)
+class Assume:
+    """`assume no_nans`: what the rule relies on beyond IEEE-exact values
+    (`rewrite.language.assumptions`); it runs only where the user grants each."""
+
+    names: tuple[str, ...]
+    span: Span = field(compare=False)
+    name_spans: tuple[Span, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     description: str
@@ -436,6 +446,7 @@ class Rule:
     span: Span = field(compare=False)
     examples: tuple[Example, ...] = field(default=(), compare=False)
     groups: tuple[Group, ...] = ()
+    assumptions: tuple[Assume, ...] = ()
 
     @property
     def anchor(self) -> MatchClause:
@@ -445,6 +456,11 @@ class Rule:
     def group_names(self) -> tuple[str, ...]:
         """The groups every `group` clause names, in the order written."""
         return tuple(name for group in self.groups for name in group.names)
+
+    @property
+    def assumption_names(self) -> frozenset[str]:
+        """What every `assume` clause names: the grants the rule needs to run."""
+        return frozenset(name for clause in self.assumptions for name in clause.names)
 
 
 @dataclass(frozen=True)

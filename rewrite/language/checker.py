@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass, replace
 
 from rewrite.language import ast
+from rewrite.language.assumptions import ASSUMPTIONS
 from rewrite.language.errors import Diagnostic, SourceText
 from rewrite.language.schema import OpSchema, OpSignature
 from rewrite.language.types import BUILTINS, GRAPH_FREE_BUILTINS, NAMED_CONSTANTS, Signature, Type
@@ -419,31 +420,37 @@ class Checker:
         for example in rule.examples:
             self._check_example(example)
         self._check_groups(rule)
+        self._check_assumptions(rule)
         return replace(rule, matches=tuple(matches), conditions=conditions, actions=tuple(actions))
 
     def _check_groups(self, rule: ast.Rule) -> None:
         if self.schema is None or not rule.groups:
             return
         known = tuple(self.schema.groups)
-        seen: set[str] = set()
-        for group in rule.groups:
-            spans = group.name_spans or (group.span,) * len(group.names)
-            for name, span in zip(group.names, spans):
-                if name in seen:
-                    self.error(span, f"rule '{rule.name}' is in group '{name}' already")
-                elif not known:
-                    self.error(
-                        span,
-                        f"unknown {self.schema.dialect} group '{name}': {self.schema.dialect} rules have no "
-                        f"groups (the backend has no pass pipeline to place them in); remove the 'group' clause",
-                    )
-                elif name not in known:
-                    self.error(
-                        span,
-                        f"unknown {self.schema.dialect} group '{name}' (the groups are {', '.join(known)})"
-                        + self._suggest(name, known),
-                    )
-                seen.add(name)
+        for name, span, again in _names_once(rule.groups):
+            if again:
+                self.error(span, f"rule '{rule.name}' is in group '{name}' already")
+            elif not known:
+                self.error(
+                    span,
+                    f"unknown {self.schema.dialect} group '{name}': {self.schema.dialect} rules have no "
+                    f"groups (the backend has no pass pipeline to place them in); remove the 'group' clause",
+                )
+            elif name not in known:
+                self.error(
+                    span,
+                    f"unknown {self.schema.dialect} group '{name}' (the groups are {', '.join(known)})"
+                    + self._suggest(name, known),
+                )
+
+    def _check_assumptions(self, rule: ast.Rule) -> None:
+        known = tuple(ASSUMPTIONS)
+        for name, span, again in _names_once(rule.assumptions):
+            if again:
+                self.error(span, f"rule '{rule.name}' assumes '{name}' already")
+            elif name not in known:
+                self.error(span, f"unknown assumption '{name}' (the assumptions are {', '.join(known)})"
+                           + self._suggest(name, known))
 
     def _check_example(self, example: ast.Example) -> None:
         defined = self._check_example_statements(example.statements, set())
@@ -644,3 +651,12 @@ def _substitute_patterns(expr, resolved: dict[int, ast.OpPattern]):
 # may hold one (a span never does).
 _LEAVES = frozenset({ast.Literal, ast.ValueRef, ast.NameRef, ast.Wildcard, ast.Span})
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _names_once(clauses):
+    """(name, span, named before) for each name of `group` or `assume` clauses, in order."""
+    seen: set[str] = set()
+    for clause in clauses:
+        for name, span in zip(clause.names, clause.name_spans or (clause.span,) * len(clause.names)):
+            yield name, span, name in seen
+            seen.add(name)

@@ -47,7 +47,7 @@ MAX_CONDITIONS = 64
 # item, or nothing. lark reduces the clause on seeing one of them (and only
 # then), which is where its path checks the count of conditions.
 _AFTER_CLAUSE = frozenset({
-    "match", "where", "benefit", "rewrite", "example", "group", "rule", "dialect", "import", "class",
+    "match", "where", "benefit", "rewrite", "example", "group", "assume", "rule", "dialect", "import", "class",
 })
 
 
@@ -114,7 +114,7 @@ _PUNCTUATION = frozenset(["...", "->", "==", "!=", "<=", ">=", *"<>=()[],:|+-*/?
 _COMPARE = frozenset({"==", "!=", "<=", ">=", "<", ">"})
 # Words that are keywords where an expression may start (and a NAME too).
 _EXPRESSION_KEYWORDS = frozenset({"not", "forall", "exists", "every", "true", "false"})
-_CLAUSES = frozenset({"match", "where", "benefit", "rewrite", "example", "group"})
+_CLAUSES = frozenset({"match", "where", "benefit", "rewrite", "example", "group", "assume"})
 _STATEMENTS = frozenset({"input", "output", "opset"})
 
 _END = ("$END", "", (0, 0), (0, 0))
@@ -221,7 +221,8 @@ _Quantifier, _EveryUse, _Argument = map(_maker, (ast.Quantifier, ast.EveryUse, a
 _OpBuild, _Rebuild, _BuildAction, _ReplaceAction = map(
     _maker, (ast.OpBuild, ast.Rebuild, ast.BuildAction, ast.ReplaceAction)
 )
-_MatchClause, _Condition, _Example, _Group = map(_maker, (ast.MatchClause, ast.Condition, ast.Example, ast.Group))
+_MatchClause, _Condition, _Example, _Group, _Assume = map(
+    _maker, (ast.MatchClause, ast.Condition, ast.Example, ast.Group, ast.Assume))
 _ExampleInput, _ExampleOp, _ExampleOutput, _ExampleOpset = map(
     _maker, (ast.ExampleInput, ast.ExampleOp, ast.ExampleOutput, ast.ExampleOpset)
 )
@@ -365,7 +366,7 @@ class FastParser:
         self.position += 1
         name = self.expect("NAME")
         description = self.expect("STRING")
-        matches, conditions, actions, examples, groups = [], [], [], [], []
+        matches, conditions, actions, examples, groups, assumptions = [], [], [], [], [], []
         benefit = 0
         counted = 0  # conditions so far, each part of a `where` that `and` joins one
         tokens = self.tokens
@@ -397,7 +398,9 @@ class FastParser:
                 self.position += 1
                 benefit = self.integer(self.expect("INT"))
             elif word == "group":
-                groups.append(self.group_clause())
+                groups.append(self.group_clause(_Group))
+            elif word == "assume":
+                assumptions.append(self.group_clause(_Assume))
             else:
                 examples.append(self.example())
         if len(matches) > MAX_MATCHES:
@@ -406,15 +409,17 @@ class FastParser:
             "name": name[1], "description": description[1][1:-1], "matches": tuple(matches),
             "conditions": tuple(conditions), "actions": tuple(actions), "benefit": benefit,
             "span": self.token_span(name), "examples": tuple(examples), "groups": tuple(groups),
+            "assumptions": tuple(assumptions),
         }
 
-    def group_clause(self) -> ast.Group:
+    def group_clause(self, make):
+        """`group a, b` or `assume a, b`: a keyword, then names joined by commas."""
         start = self.take()[2]
         names = [self.expect("NAME")]
         while self.tokens[self.position][0] == ",":
             self.position += 1
             names.append(self.expect("NAME"))
-        return _Group(
+        return make(
             tuple(name[1] for name in names), self.span(start, names[-1][3]),
             tuple(self.token_span(name) for name in names),
         )
@@ -614,6 +619,8 @@ class FastParser:
             self.position += 1
             operand = self.binary(UNARY)
             span = self.span(token[2], operand[3])
+            if type(operand[0]) is ast.Literal and type(operand[0].value) in (int, float):
+                return _Literal(-operand[0].value, span), operand[1], token[2], operand[3]  # parser.negate
             return _Arithmetic("-", _Literal(0, span), operand[0], span), 1 + operand[1], token[2], operand[3]
         return self.postfix(self.atom())
 

@@ -508,13 +508,15 @@ class _ToAst(Transformer_NonRecursive):
 
     def rule(self, meta, children):
         name, description, *clauses = children
-        matches, conditions, actions, examples, groups = [], [], [], [], []
+        matches, conditions, actions, examples, groups, assumptions = [], [], [], [], [], []
         benefit = 0
         for kind, value in clauses:
             if kind == "example":
                 examples.append(value)
             elif kind == "group":
                 groups.append(value)
+            elif kind == "assume":
+                assumptions.append(value)
             elif kind == "match":
                 matches.append(value)
             elif kind == "where":
@@ -537,6 +539,7 @@ class _ToAst(Transformer_NonRecursive):
             span=self._token_span(name),
             examples=tuple(examples),
             groups=tuple(groups),
+            assumptions=tuple(assumptions),
         )
 
     def _too_many(self, span: ast.Span, message: str):
@@ -562,6 +565,10 @@ class _ToAst(Transformer_NonRecursive):
     def group_clause(self, meta, children):
         names = tuple(str(name) for name in children)
         return ("group", ast.Group(names, self._span(meta), tuple(self._token_span(name) for name in children)))
+
+    def assume_clause(self, meta, children):
+        names = tuple(str(name) for name in children)
+        return ("assume", ast.Assume(names, self._span(meta), tuple(self._token_span(name) for name in children)))
 
     def rewrite_clause(self, meta, children):
         return ("rewrite", tuple(children))
@@ -718,6 +725,9 @@ class _ToAst(Transformer_NonRecursive):
     def negate(self, meta, children):
         (operand,) = children
         span = self._span(meta)
+        if type(operand) is ast.Literal and type(operand.value) in (int, float):
+            # A negative number is a literal: `-0.0` is negative zero, which `0 - 0.0` is not.
+            return ast.Literal(-operand.value, span)
         return ast.Arithmetic("-", ast.Literal(0, span), operand, span)
 
     def index(self, meta, children):

@@ -22,8 +22,25 @@ dtype's precision). Two allowances, each for what a fused op may do:
   NaN, and the fused softmax is right where it is not; a mask of -3.4e38
   masks nothing against scores of that size).
 
+A constant of the graph enters the computation as an input does: an
+instance with a NaN or infinite constant has the specials round's allowance
+on every round. (A finite constant, however large, has none: the largest
+finite value is a mask's fill, and a rule must say where a large one breaks it.)
+
 So a rule that turns inf - inf into 0 is caught on the specials round, and
-x/x into 1 on the edges round.
+x/x into 1 on the edges round. A zero keeps its sign (x + 0.0 is +0.0 at
+x = -0.0, so the rewrite to x is caught on the edges round), but for an
+instance with a contraction (a dot product of -0.0 terms is -0.0 summed
+from the first term and +0.0 from a zeroed accumulator, and kernels
+differ) and for a rewrite that builds an op of a type the original does
+not have (a fused op, which its spec defines as a formula, leaving the
+sign of a zero result open).
+
+A rule's `assume` clauses widen these as they say
+(`rewrite.language.assumptions`): `no_nans`, any value where the original
+computes NaN; `no_signed_zeros`, a zero of either sign for a zero;
+`no_fully_masked_rows`, a zero where the rewrite gives one (a fused
+attention's row masked whole).
 """
 
 from __future__ import annotations
@@ -47,12 +64,17 @@ ROUNDS = (
     + ((BINDINGS[0], LARGE),)
 )
 _SALT = {
-    EDGES: {np.dtype(np.float32): [0.0, -0.0, 1e-45, -1e-45, 1e-40],
-            np.dtype(np.float16): [0.0, -0.0, 6e-8, -6e-8, 3e-5]},
+    # -0.0 twice: a zero's sign is what an identity-looking rule most often loses.
+    EDGES: {np.dtype(np.float32): [0.0, -0.0, -0.0, 1e-45, -1e-45, 1e-40],
+            np.dtype(np.float16): [0.0, -0.0, -0.0, 6e-8, -6e-8, 3e-5]},
     SPECIALS: {np.dtype(np.float32): [np.nan, np.inf, -np.inf], np.dtype(np.float16): [np.nan, np.inf, -np.inf]},
     LARGE: {np.dtype(np.float32): [3.4028235e38, -3.4028235e38, 1e30, -1e30],
             np.dtype(np.float16): [65504.0, -65504.0, 3e4, -3e4]},
 }
+
+
+# The share of elements salted: edges most, as tensors of two or three elements are common.
+_SALTED = {EDGES: 0.5}
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,7 @@ def check(rule: ast.Rule, instance: Instance) -> Outcome:
     try:
         # Checked: a rewrite the engine's shape guard refuses is the rule's
         # own soundness failing, hidden in a normal run by the guard.
-        statistics = RuleSet((rule,)).apply(program, check_types=True)
+        statistics = RuleSet((rule,)).apply(program, check_types=True, assume=rule.assumption_names)
     except UnsoundRewriteError as error:
         if not runs_somewhere(backend, original, instance):
             return Outcome(False)  # not a valid graph to begin with: not an instance
@@ -115,6 +137,9 @@ def check(rule: ast.Rule, instance: Instance) -> Outcome:
     kinds: set[str] = set()
     skipped = 0
     contracting = any(op_type in backend.EXAMPLE_FACTS.contractions for _, op_type, _ in instance.ops)
+    extremes = constant_regimes(instance)
+    fused = _built_types(rule) - {op_type for _, op_type, _ in instance.ops}
+    unsigned = {"no_signed_zeros"} if contracting or fused else set()
     for binding, kind in ROUNDS:
         if kind in (SPECIALS, LARGE) and not floats:
             continue
@@ -124,28 +149,55 @@ def check(rule: ast.Rule, instance: Instance) -> Outcome:
             kinds.add(kind)
             continue
         feeds = feeds_for(rng, instance, binding, kind)
-        try:
-            expected = backend.evaluate_example(original, feeds)
-        except Exception:
+        evaluated = _evaluate_both(backend, original, program, feeds)
+        if evaluated is None:
             skipped += 1
             continue  # these sizes do not broadcast in the original either
-        try:
-            got = backend.evaluate_example(program, feeds)
-        except Exception as error:
+        expected, got = evaluated
+        if isinstance(got, Exception):
             if any(0 in array.shape for array in feeds.values()):
                 # The reference evaluators' kernels are not all written for
                 # empty tensors (coremltools' l2_norm reshapes to (0, -1)):
                 # a failure there is the evaluator's, not the rule's.
                 skipped += 1
                 continue
-            return Outcome(True, f"the rewritten graph fails where the original runs ({binding}): {error}")
+            return Outcome(True, f"the rewritten graph fails where the original runs ({binding}): {got}")
         kinds.add(kind)
         for name, value in expected.items():
-            problem = compare(name, value, got.get(name), kind)
+            problem = compare(name, value, got.get(name), kind,
+                              rule.assumption_names | unsigned, extremes)
             if problem:
                 return Outcome(True, f"{problem} at {binding}{_ROUND_NOTES[kind]}", frozenset(kinds), skipped,
                                float_inputs=floats)
     return Outcome(bool(kinds), None, frozenset(kinds), skipped, float_inputs=floats)
+
+
+def _built_types(rule: ast.Rule) -> set[str]:
+    """The op types the rule's rewrite builds."""
+    found = set()
+    for action in rule.actions:
+        build = action.build if isinstance(action, ast.BuildAction) else action.replacement
+        if isinstance(build, ast.OpBuild):
+            found.add(build.op)
+    return found
+
+
+def _evaluate_both(backend, original, program, feeds):
+    """(expected, got) from one evaluator, the first of the backend's that runs the original
+    (and the rewrite: else the next, where there is one); got is the error where none runs
+    the rewrite. None where none runs the original."""
+    engines = backend.EXAMPLE_FACTS.engines
+    found = None
+    for engine in engines:
+        try:
+            expected = backend.evaluate_example(original, feeds, engine=engine)
+        except Exception:
+            continue
+        try:
+            return expected, backend.evaluate_example(program, feeds, engine=engine)
+        except Exception as error:
+            found = found or (expected, error)
+    return found
 
 
 _ROUND_NOTES = {PLAIN: "", EDGES: " with ±0 and subnormals in the inputs", SPECIALS: " with NaN and ±inf in the inputs",
@@ -157,12 +209,35 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def compare(name: str, expected: np.ndarray, got, kind: str = PLAIN) -> str | None:
+def constant_regimes(instance: Instance) -> frozenset[str]:
+    """The rounds whose allowances the instance's float constants call for (see the module)."""
+    from rewrite.engine.interfaces import NamedValue
+
+    found = set()
+    for _, _, operands in instance.ops:
+        for value in operands.values():
+            if isinstance(value, (NamedValue, str, bool)) or value is None:
+                continue
+            try:
+                array = np.asarray(value)
+            except (TypeError, ValueError):
+                continue
+            if array.dtype.kind != "f" or array.size == 0:
+                continue
+            with np.errstate(invalid="ignore"):
+                if not np.all(np.isfinite(array)):
+                    found.add(SPECIALS)
+    return frozenset(found)
+
+
+def compare(name: str, expected: np.ndarray, got, kind: str = PLAIN,
+            assumed: frozenset[str] = frozenset(), extremes: frozenset[str] = frozenset()) -> str | None:
     """What differs between an output before and after, if anything.
 
     Shapes and dtypes exactly; ints and bools exactly; floats within the
-    dtype's own precision, NaN where NaN, each infinity where it was, but
-    for the allowances of the specials and large rounds (see the module).
+    dtype's own precision, NaN where NaN, each infinity where it was, a
+    zero's sign, but for the allowances of the specials and large rounds
+    and of what the rule assumes (see the module).
     """
     if got is None or got.shape != expected.shape:
         return f"output '{name}' has shape {None if got is None else got.shape} instead of {expected.shape}"
@@ -172,9 +247,16 @@ def compare(name: str, expected: np.ndarray, got, kind: str = PLAIN) -> str | No
         return None if np.array_equal(expected, got) else f"output '{name}' changed value"
     tolerance = 1e-3 if expected.dtype == np.float16 else 1e-5
     close = np.isclose(expected, got, rtol=tolerance, atol=tolerance, equal_nan=True)
-    if kind == SPECIALS:
+    if "no_signed_zeros" not in assumed:
+        close &= ~((expected == 0) & (got == 0) & (np.signbit(expected) != np.signbit(got)))
+    if "no_nans" in assumed:
+        close |= np.isnan(expected)
+    if "no_fully_masked_rows" in assumed:
+        close |= got == 0
+    kinds = extremes | {kind}
+    if SPECIALS in kinds:
         close |= np.isnan(got)
-    elif kind == LARGE:
+    if LARGE in kinds:
         # The overflow regime: past sqrt(largest finite) a product of two
         # such values overflows, so either form's intermediates may have.
         regime = np.sqrt(np.finfo(expected.dtype).max)
@@ -208,7 +290,7 @@ def feeds_for(rng, instance: Instance, binding: dict, kind: str = PLAIN) -> dict
         salt = _SALT.get(kind, {}).get(array.dtype)
         if salt is not None and name != "flag":
             values = np.asarray(salt, dtype=array.dtype)
-            salted = rng.random(shape) < 0.3
+            salted = rng.random(shape) < _SALTED.get(kind, 0.3)
             array = np.where(salted, values[rng.integers(0, len(values), size=shape)], array).astype(array.dtype)
         feeds[name] = array
     return feeds
@@ -250,7 +332,9 @@ def _smaller(instance: Instance):
         if len(instance.outputs) > 1:
             candidate = instance.copy()
             candidate.outputs.remove(output)
-            candidate.ops = [op for op in candidate.ops if op[0] != output or op[0] == "anchor"]
+            # The output's op goes only if nothing left reads it (an op of the pattern stays).
+            candidate.ops = [op for op in candidate.ops
+                             if op[0] != output or op[0] == "anchor" or output in used(candidate)]
             # The flag of a nested instance is read by the conditional, not by an op.
             kept = used(candidate)
             candidate.inputs = [i for i in candidate.inputs if i[0] in kept or (i[0] == "flag" and instance.nested)]

@@ -57,6 +57,11 @@ FLOAT_EDGES = (1.0, 0.0, -1.0, 2.0, -1e9, float("inf"), float("-inf"), float("na
 FLOAT_EDGE_WEIGHTS = (4, 3, 2, 1, 2, 2, 2, 1, 1, 2, 1, 1, 1)
 
 
+def distinct(values) -> list:
+    """`values` without repeats, in order, -0.0 apart from 0.0 (which `==` and a dict merge)."""
+    return list({(type(v), repr(v)): v for v in values}.values())
+
+
 @dataclass
 class Instance:
     """A graph in the form `build_example` takes."""
@@ -200,8 +205,7 @@ class Generator:
         if wanted:
             # The values the conditions compare against, exactly, first; then
             # those beside the first; then whatever the operand usually takes.
-            pool = [*wanted, *nearby(wanted[0]), "other"]
-            pool = list(dict.fromkeys(pool))
+            pool = distinct([*wanted, *nearby(wanted[0]), "other"])
             value = c.choice(pool, [8] * len(wanted) + [1] * (len(pool) - len(wanted) - 1) + [6])
             if value != "other":
                 if isinstance(value, bool) or operand in self.facts.constant_operands:
@@ -601,7 +605,7 @@ def _mutations(graph: Instance, dtypes: tuple[str, ...]) -> list[tuple]:
                 kinds[3].append(("flip", position, key))
             elif isinstance(value, float):
                 nearby = (value * 1.01, -value, value * (1 + 1e-7), *FLOAT_EDGES)
-                kinds[4] += [("float", position, key, v) for v in dict.fromkeys(nearby) if repr(v) != repr(value)]
+                kinds[4] += [("float", position, key, v) for v in distinct(nearby) if repr(v) != repr(value)]
             elif isinstance(value, list) and value and all(type(v) is int for v in value):
                 kinds[5] += [("list", position, key, change) for change in
                              ("wider", "narrower", *(("zero", j) for j in range(len(value))),

@@ -711,3 +711,44 @@ def test_squeeze_with_an_empty_axes_list_squeezes_every_one_as_onnxruntime_does(
             session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             (out,) = session.run(None, {"x": np.zeros(dims, np.float32)})
             assert out.shape == expected
+
+
+# ---------------------------------------------------------------- Conv and pooling windows
+
+WINDOWS = [
+    # (op, attributes, kernel): stride 1 keeps a symbolic dim symbolic; stride 2 divides it (unknown then)
+    ("Conv", {}, 3), ("Conv", {"pads": [1, 1, 1, 1]}, 3), ("Conv", {"pads": [0, 2, 1, 0], "dilations": [2, 1]}, 2),
+    ("Conv", {"strides": [2, 2], "pads": [1, 1, 1, 1]}, 3), ("Conv", {"auto_pad": "SAME_UPPER"}, 3),
+    ("Conv", {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, 2), ("Conv", {"auto_pad": "VALID"}, 1),
+    ("Conv", {"group": 2}, 1),
+    ("MaxPool", {"kernel_shape": [2, 2]}, None), ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                          "ceil_mode": 1}, None),
+    ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, None),
+    ("AveragePool", {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}, None),
+]
+
+
+@pytest.mark.parametrize("op, attributes, kernel", WINDOWS, ids=[f"{w[0]}-{i}" for i, w in enumerate(WINDOWS)])
+def test_window_ops_infer_their_spatial_dims(op, attributes, kernel):
+    initializers = []
+    inputs = ["x"]
+    if op == "Conv":
+        groups = attributes.get("group", 1)
+        initializers.append(_floats("w", [4, 4 // groups, kernel, kernel]))
+        inputs.append("w")
+    node = helper.make_node(op, inputs, ["y"], **attributes)
+    symbolic = _model([node], [_tensor("x", FLOAT, ["b", 4, "s", "t"])], [_tensor("y", FLOAT, None)], initializers)
+    adapter = OnnxAdapter(symbolic)
+    shape = adapter.main.values["y"].shape
+    assert shape[0] == S("b") and shape[1] == 4
+    strided = any(s > 1 for s in attributes.get("strides", [1]))
+    assert all((dim is UNKNOWN) == strided for dim in shape[2:]), shape
+    checked = sum(_check_against_runtime(symbolic, adapter, sizes, {"y"}) for sizes in SIZES)
+    assert checked >= 2 * (4 if not strided else 2)
+    # Known sizes: what onnx's own inference says, stride or not.
+    for sizes in SIZES:
+        known = _model([node], [_tensor("x", FLOAT, [2, 4, sizes["s"], sizes["t"]])], [_tensor("y", FLOAT, None)],
+                       initializers)
+        theirs = onnx.shape_inference.infer_shapes(known).graph.output[0].type.tensor_type.shape
+        ours = OnnxAdapter(known).main.values["y"].shape
+        assert list(ours) == [d.dim_value for d in theirs.dim], (ours, theirs)

@@ -211,7 +211,7 @@ def test_a_bypass_in_a_body_leaves_a_valid_model_with_the_same_values(rule, exam
     anchors = sorted(rule.anchor.pattern.types)
     anchored_before = sum(_count(model, t) for t in anchors)
     result = optimize(model, rules=RULES.only(rule.name), fold=False, prune_dead=False,
-                      constants_as_initializers=False, max_rounds=1, validate=False)
+                      constants_as_initializers=False, max_rounds=1, validate=False, assume=rule.assumption_names)
     fired = result.statistics.fired(rule.name)
     if every_value:
         if fired:

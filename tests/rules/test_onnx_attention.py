@@ -104,10 +104,14 @@ def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, reference: boo
     close(before, after, cases, reference)
 
 
-def optimized(model: onnx.ModelProto, reference: bool = True) -> tuple[onnx.ModelProto, dict]:
-    """`optimize` (the shipped library) on a copy; the outputs compared; (the model, fires of the new rules)."""
+GRANTED = ("no_nans", "no_fully_masked_rows")
+
+
+def optimized(model: onnx.ModelProto, reference: bool = True, assume=GRANTED) -> tuple[onnx.ModelProto, dict]:
+    """`optimize` (the shipped library) on a copy, granting what the fusions assume (a row masked
+    whole may become zeros); the outputs compared; (the model, fires of the new rules)."""
     after = copy(model)
-    result = optimize(after)
+    result = optimize(after, assume=assume)
     same_outputs(model, after, reference)
     fires = {name: rule.fires for name, rule in result.statistics.rules.items() if rule.fires and name in NEW_NAMES}
     return after, fires
@@ -232,6 +236,49 @@ def test_attention_node_counts_before_and_after():
 
 
 @DYNAMO
+@pytest.mark.parametrize("kind, rule", [("none", "onnx_fuse_attention"), ("float", "onnx_fuse_attention_additive_mask"),
+                                        ("bool", "onnx_fuse_attention_nan_guarded")])
+def test_without_a_grant_the_fusions_are_kept_and_counted(kind, rule, dynamo):
+    model = at_23(sdpa_export(kind, dynamo))
+    after = copy(model)
+    result = optimize(after)
+    assert result.statistics.rules[rule].fires == 0 and result.statistics.rules[rule].kept == 1
+    assert "Attention" not in counts(after) and counts(after)["Softmax"] == 1
+    same_outputs(model, after)
+
+
+@DYNAMO
+def test_torchs_nan_guard_needs_the_grant_too(dynamo):
+    # dynamo fills with the lowest finite value, whose row masked whole the op zeroes and the guard does not.
+    after, fires = optimized(at_23(sdpa_export("bool", dynamo)), assume=())
+    assert fires == {} and counts(after)["Softmax"] == 1
+    after, fires = optimized(at_23(sdpa_export("bool", dynamo)), assume=("no_fully_masked_rows",))
+    assert fires == {"onnx_fuse_attention_nan_guarded": 1} and counts(after)["Attention"] == 1
+
+
+@pytest.mark.parametrize("fill", [-np.inf, np.finfo(np.float32).min], ids=["-inf", "lowest finite"])
+def test_why_the_masked_fusions_assume_no_fully_masked_rows(fill):
+    # A row the mask drops whole: the decomposition's softmax is 0/0 there (-inf) or uniform (the
+    # lowest finite value), onnxruntime's op a row of zeros either way.
+    model = at_23(sdpa_export("float", False))
+    after, fires = optimized(model)
+    assert fires == {"onnx_fuse_attention_additive_mask": 1}
+    import onnxruntime
+
+    feeds = random_feeds(model, symbol_sizes(model, 2, 5), 0)
+    feeds[model.graph.input[-1].name][0, 0, 0, :] = fill
+
+    def run(graph):
+        return onnxruntime.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feeds)[0]
+
+    before_out, after_out = run(model), run(after)
+    assert (np.isnan(before_out[0, :, 0]).all() if fill == -np.inf else np.all(before_out[0, :, 0] != 0))
+    assert np.all(after_out[0, :, 0] == 0)
+    assert np.allclose(before_out[1], after_out[1], atol=1e-5)  # rows with a key kept agree
+
+
+@DYNAMO
 def test_sdpa_at_opset_22_stays(dynamo):
     model = version_converter.convert_version(sdpa_export("float", dynamo), 22)
     after, fires = optimized(model, reference=False)
@@ -353,7 +400,7 @@ def test_the_bundled_exports_at_opset_23(name, exporter):
     (entry,) = [e for e in MANIFEST["files"] if e["file"] == file]
     model = at_23(onnx.load(str(MODELS / file)))
     after = copy(model)
-    result = optimize(after)
+    result = optimize(after, assume=GRANTED)
     fires = {rule: n.fires for rule, n in result.statistics.rules.items() if n.fires and rule in NEW_NAMES}
     assert fires == BUNDLED_FIRES[name]
     assert counts(after)["Attention"] == sum(v for k, v in fires.items() if k in ATTENTION_NAMES)

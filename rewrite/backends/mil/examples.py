@@ -89,7 +89,9 @@ def build_example(inputs, ops, outputs, nested_by: str | None = None, opset: str
     return program
 
 
-def evaluate_example(program: Program, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def evaluate_example(program: Program, feeds: dict[str, np.ndarray],
+                     engine: str | None = None) -> dict[str, np.ndarray]:
+    """Outputs by name, from the project's reference evaluator (the one engine)."""
     from rewrite.backends.mil.reference import evaluate
 
     return evaluate(program, feeds)

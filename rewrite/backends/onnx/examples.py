@@ -23,6 +23,7 @@ EXAMPLE_FACTS = ExampleFacts(
     # OnnxAdapter.scaling: a Mul by k on either side, a Div by 1/k.
     scalings=(Scaling("Mul", "A", "B"), Scaling("Mul", "B", "A"), Scaling("Div", "A", "B", divides=True)),
     old_broadcast_below=7,
+    engines=("onnxruntime", "reference"),
 )
 
 _EXAMPLE_OPSET = 18
@@ -125,25 +126,25 @@ def copy_program(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def evaluate_example(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def evaluate_example(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                     engine: str | None = None) -> dict[str, np.ndarray]:
     """Outputs by name: from onnxruntime where it is installed and takes the model,
-    else from onnx's reference evaluator (e.g. untyped subgraph outputs)."""
-    session = None
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(4)  # shapes that do not broadcast are expected here
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 4
-        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception:  # no onnxruntime, or one that refuses the graph: evaluate it by the book
-        session = None
+    else from onnx's reference evaluator (e.g. untyped subgraph outputs). `engine`
+    "onnxruntime" or "reference" asks for that one only (raising where it cannot)."""
     results = None
-    if session is not None:
+    if engine in (None, "onnxruntime"):
         try:
+            import onnxruntime
+
+            onnxruntime.set_default_logger_severity(4)  # shapes that do not broadcast are expected here
+            options = onnxruntime.SessionOptions()
+            options.log_severity_level = 4
+            session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                                   providers=["CPUExecutionProvider"])
             results = session.run(None, feeds)
-        except Exception:  # what onnxruntime cannot run, the reference evaluator decides
-            results = None
+        except Exception:  # no onnxruntime, or one that refuses or cannot run the graph
+            if engine == "onnxruntime":
+                raise
     if results is None:
         from onnx.reference import ReferenceEvaluator
 

@@ -354,6 +354,52 @@ def _global_pool(adapter, node):
     return [(tuple(shape[:2]) + (1,) * (len(shape) - 2), read.dtype(node))]
 
 
+def _window(adapter, node):
+    """Conv, MaxPool and AveragePool: batch, then channels (Conv: W's first dim), then each
+    spatial dim (x + pads - dilation·(k - 1) - 1) / stride + 1, symbolic where the stride is 1
+    (the division is exact then) and UNKNOWN where a symbolic dim is divided."""
+    x = read.shape(node, 0)
+    dtype = read.dtype(node)
+    outputs = len(node.outputs)
+    if x is None or len(x) < 3:
+        return [(None, dtype)] + [(None, "int64")] * (outputs - 1)
+    spatial = len(x) - 2
+    if node.type == "Conv":
+        weight = read.shape(node, 1)
+        if weight is None or len(weight) != len(x):
+            return [(None, dtype)]
+        channels, kernel = weight[0], read.attribute(node, "kernel_shape") or tuple(weight[2:])
+    else:
+        channels, kernel = x[1], read.attribute(node, "kernel_shape")
+    strides = read.attribute(node, "strides") or (1,) * spatial
+    dilations = read.attribute(node, "dilations") or (1,) * spatial
+    pads = read.attribute(node, "pads") or (0,) * (2 * spatial)
+    auto_pad = read.attribute(node, "auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if kernel is None or not (len(kernel) == len(strides) == len(dilations) == spatial == len(pads) // 2):
+        return [(None, dtype)] + [(None, "int64")] * (outputs - 1)
+    ceil = bool(read.attribute(node, "ceil_mode", 0))
+    result = [x[0], channels]
+    for axis in range(spatial):
+        size, stride = x[axis + 2], strides[axis]
+        reach = dilations[axis] * (kernel[axis] - 1) + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            extent, padding, reach = size, 0, 1  # ceil(x / stride): floor((x - 1) / stride) + 1
+        else:
+            padding = 0 if auto_pad == "VALID" else pads[axis] + pads[axis + spatial]
+            extent = size
+        if isinstance(extent, int):
+            span = extent + padding - reach
+            out = (-(-span // stride) if ceil else span // stride) + 1
+            result.append(UNKNOWN if out < 0 else out)  # 0 for an empty input under a kernel of 1
+        elif stride == 1 and isinstance(extent, Term):
+            result.append(dims.add(extent, padding - reach + 1))
+        else:
+            result.append(UNKNOWN)
+    shape = tuple(result)
+    return [(shape, dtype)] + [(shape, "int64")] * (outputs - 1)
+
+
 def _top_k(adapter, node):
     shape = read.shape(node, 0)
     if shape is None:
@@ -450,6 +496,9 @@ RULES = {
     "TopK": _top_k,
     **{name: _global_pool for name in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")},
     "Transpose": _transpose,
+    "Conv": _window,
+    "MaxPool": _window,
+    "AveragePool": _window,
     "MatMul": _matmul,
     **{name: _reduce for name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceL1 "
        "ReduceLogSum ReduceLogSumExp ReduceSumSquare".split()},
