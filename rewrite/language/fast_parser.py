@@ -619,8 +619,9 @@ class FastParser:
             self.position += 1
             operand = self.binary(UNARY)
             span = self.span(token[2], operand[3])
-            if type(operand[0]) is ast.Literal and type(operand[0].value) in (int, float):
-                return _Literal(-operand[0].value, span), operand[1], token[2], operand[3]  # parser.negate
+            number = operand[0].value if type(operand[0]) is ast.Literal else None
+            if isinstance(number, (int, float)) and type(number) is not bool:
+                return _Literal(-number, span), operand[1], token[2], operand[3]  # parser.negate
             return _Arithmetic("-", _Literal(0, span), operand[0], span), 1 + operand[1], token[2], operand[3]
         return self.postfix(self.atom())
 

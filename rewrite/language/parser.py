@@ -725,9 +725,10 @@ class _ToAst(Transformer_NonRecursive):
     def negate(self, meta, children):
         (operand,) = children
         span = self._span(meta)
-        if type(operand) is ast.Literal and type(operand.value) in (int, float):
+        if type(operand) is ast.Literal and isinstance(number := operand.value, (int, float)) \
+                and type(number) is not bool:
             # A negative number is a literal: `-0.0` is negative zero, which `0 - 0.0` is not.
-            return ast.Literal(-operand.value, span)
+            return ast.Literal(-number, span)
         return ast.Arithmetic("-", ast.Literal(0, span), operand, span)
 
     def index(self, meta, children):
