@@ -304,13 +304,33 @@ def general_argument(rule: ast.Rule, deleted: str) -> str:
         if any(read in rest for read in (f"const({var})", f"{var}[", f"uniform({var})")):
             return (f"{var} is read as a constant elsewhere in the rule; of a non-constant that is unknown, which "
                     "proves nothing (in the rewrite, no value to build with), so the rule does not fire")
-    match = re.fullmatch(r"(one_use|internal)\(([^()]+)\)", deleted)
+    match = re.fullmatch(r"(one_use|internal)\(((?:[^()]|\([^()]*\))+)\)", deleted)
     if match and match.group(2) not in replaced:
         return (f"only {', '.join(sorted(v for v in replaced if v))} is replaced; {match.group(2)} stays for "
                 "its other uses and computes what it did: the clause is about profit (no work duplicated)")
     if re.fullmatch(r'available\("\w+"\)', deleted):
         return "the rewriter refuses a rewrite that builds an op the program's target lacks (`Unavailable`)"
+    match = re.fullmatch(r"(?:shape|rank)\((%\w+)\) == (?:shape|rank)\((%\w+)\)", deleted)
+    if match and replaced & {match.group(1), match.group(2)}:
+        return GUARD
+    match = re.fullmatch(r"is_known\(dim\((%\w+), (-?\d+)\)\)", deleted)
+    if match and f"dim({match.group(1)}, {match.group(2)})" in _rewrite_text(written):
+        return (f"the rewrite builds with dim({match.group(1)}, {match.group(2)}) as a number; of a symbolic dim "
+                "that is no value to build with, and the rule does not fire")
+    match = re.fullmatch(r"(?:is_finite\(uniform\((%\w+)\)\)|uniform\((%\w+)\) >= 0)", deleted)
+    if match and f"epsilon=uniform({match.group(1) or match.group(2)})" in _rewrite_text(written):
+        return ("an epsilon the fused op takes as it is: both forms add the same constant to the same statistic "
+                "before the root, so a negative or non-finite one gives the same values (NaN or 0) on both sides")
+    if re.fullmatch(r'contains\(\[[^]]*\], dtype\((%\w+)\)\)|dtype\((%\w+)\) == "?fp32"?', deleted):
+        return ("a dtype the ops of the pattern take only in float: the clause keeps out the float types the fused "
+                "op is not run in (bf16 by onnxruntime, fp16 where it computes in fp32): values differ there by "
+                "that dtype's rounding only, within what verify compares")
     return ""
+
+
+def _rewrite_text(written: str) -> str:
+    """The `rewrite` part of a rule's text."""
+    return written[written.find("rewrite"):]
 
 
 def rule_text(rule: ast.Rule) -> str:

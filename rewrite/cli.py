@@ -16,6 +16,7 @@ half-written.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -120,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--trials", type=_positive, default=50, metavar="N",
                         help="instances to try per rule (default: %(default)s)")
     verify.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: %(default)s)")
+    verify.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                        help="rules verified at once, each in a process of its own (default: the CPUs this "
+                             "process may use); the verdicts print in load order either way")
     verify.add_argument("--allow-unexercised", action="store_true",
                         help="exit 0 although no instance fired some rule (NONE: nothing was checked)")
 
@@ -352,18 +356,44 @@ def _verify(arguments) -> int:
             rule_set = rule_set.only(arguments.rule)
         except KeyError as error:
             raise UserError(error.args[0]) from None
+    failed = 0
+    jobs = min(arguments.jobs or _cpu_count(), len(rule_set.rules)) or 1
+    task = functools.partial(_verify_one, trials=arguments.trials, seed=arguments.seed)
+    if jobs == 1:
+        verdicts = map(task, rule_set.rules)
+    else:
+        # Rules are independent: one process each at a time, printed in load order.
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(jobs)
+        verdicts = pool.map(task, rule_set.rules)
+    try:
+        for text, found, conclusive in verdicts:
+            # NONE checked nothing: a finding, like FAIL, unless the user says it may be.
+            failed += found or (not conclusive and not arguments.allow_unexercised)
+            print(text, flush=True)
+    finally:
+        if jobs > 1:
+            pool.shutdown(cancel_futures=True)
+    return EXIT_FINDINGS if failed else EXIT_OK
+
+
+def _verify_one(rule, trials: int, seed: int) -> tuple[str, bool, bool]:
+    """One rule's verdict as printed, whether it found a counterexample, and whether it checked anything."""
     import numpy
 
     from rewrite.verify import format_verdict, verify_rule
 
-    failed = 0
     with numpy.errstate(all="ignore"):
-        for rule in rule_set.rules:
-            verdict = verify_rule(rule, trials=arguments.trials, seed=arguments.seed)
-            # NONE checked nothing: a finding, like FAIL, unless the user says it may be.
-            failed += verdict.counterexample is not None or (not verdict.conclusive and not arguments.allow_unexercised)
-            print(format_verdict(verdict))
-    return EXIT_FINDINGS if failed else EXIT_OK
+        verdict = verify_rule(rule, trials=trials, seed=seed)
+    return format_verdict(verdict), verdict.counterexample is not None, verdict.conclusive
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _explain(arguments) -> int:

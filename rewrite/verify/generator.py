@@ -31,10 +31,12 @@ from rewrite.language import ast
 from rewrite.verify.choices import Choices
 from rewrite.verify.structure import (
     Structure,
+    attribute_targets,
     constant_variables,
     nearby,
     scale_equations,
     scaled_variables,
+    shape_targets,
     structures,
     targets,
     uses_targets,
@@ -145,6 +147,9 @@ class Generator:
         self.unbuilt: Counter[str] = Counter()
         self.newest_first = uses_targets(rule)
         self.scaled = scaled_variables(rule)
+        self.attributes = attribute_targets(rule)
+        self.ranks, self.axis_sizes = shape_targets(rule)
+        self.same_shapes = False
 
     def instance(self, choices: Choices) -> Instance | None:
         self.c = choices
@@ -251,6 +256,12 @@ class Generator:
         # Every dtype the ops might take: graphs an op refuses are not instances.
         self.dtype = c.choice(self.facts.dtypes, (4, 1, 1, 1))
         self.rank = c.choice((2, 3, 4)) if self.contracting else c.choice(RANKS, RANK_WEIGHTS)
+        # Half the time, the rank and the sizes the conditions name (`rank(%x) >= 3`,
+        # `dim(%x, -2) == 1`), or just beside them: where a deleted clause would matter.
+        targeted = bool(self.ranks or self.axis_sizes) and c.flag(0.5)
+        if targeted and self.ranks:
+            self.rank = min(MAX_RANK, max(1, c.choice([*self.ranks, self.ranks[0] + 1, self.ranks[0] - 1],
+                                                      [4] * len(self.ranks) + [1, 1])))
         # A constant int list as long as the data's rank (tile's reps, Expand's
         # shape) is read as a per-axis size: the data is mostly 1 where it
         # widens, and the full size is what other operands mostly carry.
@@ -259,13 +270,23 @@ class Generator:
         if self.contracting and c.flag(0.6):
             self.hint[-2:] = [1, 1]  # products broadcast only batch axes: widen those
         dims = self.dims(self.rank)
+        if targeted:
+            for axis, sizes in sorted(self.axis_sizes.items()):
+                if -self.rank <= axis < self.rank:
+                    dims[axis] = c.choice([*sizes, sizes[0] + 1], [3] * len(sizes) + [1])
+                    self.hint[axis] = 1
         self.data_dims = [1 if size != 1 and c.flag(0.75) else d for size, d in zip(self.hint, dims)]
         self.full = [size if dim == 1 else dim for size, dim in zip(self.hint, self.data_dims)]
         # What a tile by the hint makes of the data, where it is not the full size.
         self.tiled = [size * dim if isinstance(dim, int) else dim for size, dim in zip(self.hint, self.data_dims)]
+        # Now and then every fresh value has one shape: the elementwise rules
+        # (shape(%out) == shape(%x)) fire only where nothing broadcasts.
+        self.same_shapes = c.flag(0.3)
         # The pattern's variables: their structure (one branch of each
         # disjunction), the values built for them, the factors of those scaled.
-        self.structures = structures(self.rule, c.choice)
+        dropped: list = []
+        self.structures = structures(self.rule, c.choice, dropped)
+        self.equations = scale_equations(self.rule, dropped)
         self.planned = self._plan_scales()
         self.values: dict[str, object] = {}
         self.scales: dict[str, float] = {}
@@ -334,6 +355,14 @@ class Generator:
             if value is None:
                 return None
             operands[spec.name] = value
+        for (owner, attribute), wanted in self.attributes.items():
+            if owner == var and attribute not in operands:
+                # The values the conditions compare the attribute against, then
+                # those beside the first, then the schema's default (absent).
+                pool = distinct([*wanted, *nearby(wanted[0]), "absent"])
+                value = c.choice(pool, [6] * len(wanted) + [1] * (len(pool) - len(wanted) - 1) + [3])
+                if value != "absent":
+                    operands[attribute] = value
         graph.ops.append((name, op_type, operands))
         return name
 
@@ -366,7 +395,10 @@ class Generator:
                 value = self._constant(operand, var)
             else:
                 value = self._data_operand(graph, operand, so_far)
-            if structure is not None and structure.scaled and isinstance(value, NamedValue):
+            # A value the conditions read a scale of is a scaling of another,
+            # with a structure saying of what or not (then of a fresh value).
+            if (structure.scaled if structure is not None else var in self.scaled) \
+                    and isinstance(value, NamedValue):
                 value = self._scaled(graph, var, value)
         finally:
             self.building.discard(var)
@@ -381,6 +413,7 @@ class Generator:
         several, the variable in most equations is set to 1 (no scaling).
         """
         free = {var for var, structure in self.structures.items() if structure.scaled}
+        free |= {var for var in self.scaled if var not in self.structures}
         planned: dict[str, float] = {}
         pending = [e for e in self.equations if any(v in free for v in e.variables)]
         while pending:
@@ -466,7 +499,7 @@ class Generator:
                    and all(d == dtype for n, d, _ in graph.inputs if n == v.name)]
         if earlier and c.flag(0.1):
             return c.choice(earlier)
-        if first or operand == "update":  # an update covers what it writes
+        if first or operand == "update" or self.same_shapes:  # an update covers what it writes
             dims = list(self.data_dims)
         elif c.flag(0.6):
             dims = self._other_dims()  # the full size, mostly, as other operands of broadcasting ops carry

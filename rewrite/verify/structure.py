@@ -84,13 +84,14 @@ def _subject(expr) -> tuple[str, bool] | None:
     return None
 
 
-def structures(rule: ast.Rule, choose) -> dict[str, Structure]:
+def structures(rule: ast.Rule, choose, dropped: list | None = None) -> dict[str, Structure]:
     """The structure of each variable, taking one branch of each disjunction that holds some.
 
     `choose(options)` picks a branch (the generator's decision, so that
     enumeration tries the first branch of every disjunction, then each other).
     A variable the `match` lines define keeps that op; the first clause that
-    says anything of a variable wins.
+    says anything of a variable wins. The branches not taken are appended to
+    `dropped`, so that what else is read from the conditions skips them too.
     """
     found: dict[str, Structure] = {}
     for clause in rule.matches[1:]:
@@ -106,7 +107,10 @@ def structures(rule: ast.Rule, choose) -> dict[str, Structure]:
         elif isinstance(expr, ast.Or):
             branches = [b for b in _disjuncts(expr) if _holds_structure(b)]
             if branches:
-                visit(choose(branches), text)
+                taken = choose(branches)
+                if dropped is not None:
+                    dropped.extend(b for b in _disjuncts(expr) if b is not taken)
+                visit(taken, text)
         elif isinstance(expr, ast.Matches) and not expr.negated:
             subject = _subject(expr.subject)
             if subject is not None and subject[0] != anchor:
@@ -169,14 +173,17 @@ def _read_variable(expr) -> str | None:
     return None
 
 
-def _comparisons(expr) -> Iterator[tuple]:
-    """(left, right) of every comparison and `close(...)` in `expr`."""
+def _comparisons(expr, skipped: frozenset[int] = frozenset()) -> Iterator[tuple]:
+    """(left, right) of every comparison and `close(...)` in `expr`, but in the subtrees
+    whose ids are in `skipped`."""
+    if id(expr) in skipped:
+        return
     if isinstance(expr, ast.Compare):
         yield expr.left, expr.right
     if isinstance(expr, ast.Call) and expr.function == "close" and len(expr.arguments) >= 2:
         yield expr.arguments[0], expr.arguments[1]
     for child in children(expr):
-        yield from _comparisons(child)
+        yield from _comparisons(child, skipped)
 
 
 def targets(rule: ast.Rule) -> dict[str, list]:
@@ -189,6 +196,75 @@ def targets(rule: ast.Rule) -> dict[str, list]:
                 if var is not None and value is not None and value not in found.setdefault(var, []):
                     found[var].append(value)
     return found
+
+
+def _attribute_read(expr) -> tuple[str, str] | None:
+    """(variable, attribute name) where `expr` is `attribute(%v, "name")`."""
+    if isinstance(expr, ast.Call) and expr.function == "attribute" and len(expr.arguments) >= 2:
+        var, name = expr.arguments[0], expr.arguments[1]
+        if isinstance(var, ast.ValueRef) and isinstance(name, ast.Literal) and isinstance(name.value, str):
+            return var.var, name.value
+    return None
+
+
+def attribute_targets(rule: ast.Rule) -> dict[tuple[str, str], list]:
+    """Per (variable, attribute name), the literals the conditions compare `attribute(%v, "name")`
+    against: in a comparison, or as the items of `contains([...], attribute(...))`."""
+    found: dict[tuple[str, str], list] = {}
+
+    def add(read, values) -> None:
+        for value in values:
+            if value is not None and value not in found.setdefault(read, []):
+                found[read].append(value)
+
+    def visit(expr) -> None:
+        if isinstance(expr, ast.Call) and expr.function == "contains" and len(expr.arguments) == 2:
+            read = _attribute_read(expr.arguments[1])
+            if read is not None and isinstance(expr.arguments[0], ast.ListExpr):
+                add(read, [_literal(item) for item in expr.arguments[0].items])
+        for child in children(expr):
+            visit(child)
+
+    for condition in rule.conditions:
+        for left, right in _comparisons(condition.expr):
+            for side, other in ((left, right), (right, left)):
+                read = _attribute_read(side)
+                if read is not None:
+                    add(read, [_literal(other)])
+        visit(condition.expr)
+    return found
+
+
+def shape_targets(rule: ast.Rule) -> tuple[list[int], dict[int, list[int]]]:
+    """The ranks and, per axis, the dims the conditions compare a value's against:
+    `rank(%x) >= 3` gives rank 3, `dim(%x, -2) == 1` gives axis -2 the size 1."""
+    ranks: list[int] = []
+    axes: dict[int, list[int]] = {}
+    operators = {"==": 0, ">=": 0, ">": 1, "<=": 0, "<": -1}
+    for condition in rule.conditions:
+        for compare in _compares(condition.expr):
+            for side, other, flipped in ((compare.left, compare.right, False), (compare.right, compare.left, True)):
+                value = _literal(other)
+                if not isinstance(value, int) or isinstance(value, bool) or not isinstance(side, ast.Call):
+                    continue
+                operator = compare.operator
+                if flipped:
+                    operator = {">=": "<=", "<=": ">=", ">": "<", "<": ">"}.get(operator, operator)
+                if side.function == "rank" and operator in operators and 0 <= value + operators[operator] <= 6:
+                    if value + operators[operator] not in ranks:
+                        ranks.append(value + operators[operator])
+                if side.function == "dim" and operator == "==" and len(side.arguments) == 2 and value >= 0:
+                    axis = _literal(side.arguments[1])
+                    if isinstance(axis, int) and value not in axes.setdefault(axis, []):
+                        axes[axis].append(value)
+    return ranks, axes
+
+
+def _compares(expr) -> Iterator[ast.Compare]:
+    if isinstance(expr, ast.Compare):
+        yield expr
+    for child in children(expr):
+        yield from _compares(child)
 
 
 def _scale_product(expr) -> tuple[tuple[str, ...], float] | None:
@@ -208,11 +284,13 @@ def _scale_product(expr) -> tuple[tuple[str, ...], float] | None:
     return None
 
 
-def scale_equations(rule: ast.Rule) -> list[ScaleEquation]:
-    """Every `product of scale_of(...) == number` (or `close(...)` to one) in the conditions."""
+def scale_equations(rule: ast.Rule, dropped=()) -> list[ScaleEquation]:
+    """Every `product of scale_of(...) == number` (or `close(...)` to one) in the conditions,
+    but in the branches `dropped` lists (those `structures` did not take)."""
     found = []
+    skipped = frozenset(id(branch) for branch in dropped)
     for condition in rule.conditions:
-        for left, right in _comparisons(condition.expr):
+        for left, right in _comparisons(condition.expr, skipped):
             for side, other in ((left, right), (right, left)):
                 product, value = _scale_product(side), _literal(other)
                 if product is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
