@@ -11,6 +11,10 @@ or corrupt model, a bad option). Each ends with our own message, never a
 traceback. Outputs are written to a temporary path beside the destination
 and moved into place only when complete, so a failure leaves nothing
 half-written.
+
+One module, though long: one function per command and their shared option
+parsing, error and exit-code handling; the work itself lives in the library, so
+the module is only wiring.
 """
 
 from __future__ import annotations

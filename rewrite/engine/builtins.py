@@ -11,6 +11,10 @@ rule author's words (`Builtin.unknown`), which `explain` quotes, and
 whether a run can change its answer for the same arguments
 (`Builtin.stable`), which decides what the engine may keep between anchors.
 The signatures the checker enforces are in `rewrite.language.types.BUILTINS`.
+
+One module, though long: it is the registry, one definition per builtin with
+its three-valued semantics and explanation text, which the issue asked to keep
+in one place; each entry is short and independent.
 """
 
 from __future__ import annotations

@@ -31,6 +31,11 @@ have each value of that feature, counted once for the op and kept up to
 date with every edit. The verdict is the one the loop would reach (Kleene's
 `and` and `or` do not depend on order or repetition); only its cost no
 longer grows with the op's width.
+
+One module, though long: it is one compiler, a recursive set of `compile_*`
+methods over one AST whose every node kind meets every other (a quantifier in a
+comparison in a disjunction), with the tracer threaded through each; split by
+node kind, each half would import the other's entry point.
 """
 
 from __future__ import annotations

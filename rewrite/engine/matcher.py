@@ -20,6 +20,10 @@ still left to try is bounded: with a `Budget`, each operand tried for a
 sub-pattern (and each arrangement of named operands) is one attempt, and
 past `MATCH_BUDGET` attempts for one anchor `MatchBudgetExceeded` ends the
 match. Not firing is always sound; the driver counts and reports it.
+
+One module, though long: matching and the explanation of a mismatch are the
+same walk (the trace is a flag on it), so that `explain` can never describe a
+different matcher than the one `apply` runs.
 """
 
 from __future__ import annotations

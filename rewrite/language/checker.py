@@ -5,6 +5,10 @@ engine can run: class names in patterns are resolved to op types, op types
 and operand names are checked against the dialect's op schema, every `%var`
 is bound before it is used, and every condition is type checked. Each
 finding is a `Diagnostic` pointing at the text.
+
+One module, though long: name resolution and type checking walk the same rule
+in one pass with one scope, and the diagnostics they give share the "did you
+mean" machinery.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ One error it words itself, as lark's path words it at the same place: a
 rule with more than `MAX_CONDITIONS` conditions (`too_many_conditions`),
 refused as soon as the clause that holds the first one too many is done,
 where the text up to there parsed here (and so parses in lark's path too).
+
+One module, though long: a recursive-descent parser is one set of mutually
+recursive methods over one token stream, mirroring grammar.lark rule for rule;
+a split would cut that mirror in two.
 """
 
 from __future__ import annotations

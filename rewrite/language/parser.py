@@ -7,6 +7,10 @@ parses only the items that one does not take. Syntax errors become a
 `RuleError` with `file:line:col`, the line, a caret and what was expected:
 every error of the file (up to `MAX_REPORTED_ERRORS`), since the parse
 recovers at the next item after each (`_parse_recovering`).
+
+One module, though long: the lark `Transformer` has one method per grammar
+rule, and keeping them in the grammar's order beside the error recovery is what
+makes a change to grammar.lark a change in one place.
 """
 
 from __future__ import annotations

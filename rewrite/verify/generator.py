@@ -14,6 +14,10 @@ and changes values.
 Half the instances are instead the rule's own examples, changed in one
 place (mutation testing): they cross the conditions' edges where the
 generated ones are plain.
+
+One module, though long: one generator, whose pattern building, constant pools
+and example mutations share one `Choices` stream (enumeration depends on their
+order), so they stay together.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rewrite.verify.structure import (
     Structure,
     attribute_targets,
     constant_variables,
+    keeps_its_shape,
     nearby,
     scale_equations,
     scaled_variables,
@@ -150,6 +155,7 @@ class Generator:
         self.attributes = attribute_targets(rule)
         self.ranks, self.axis_sizes = shape_targets(rule)
         self.same_shapes = False
+        self.elementwise = keeps_its_shape(rule)
 
     def instance(self, choices: Choices) -> Instance | None:
         self.c = choices
@@ -275,13 +281,17 @@ class Generator:
                 if -self.rank <= axis < self.rank:
                     dims[axis] = c.choice([*sizes, sizes[0] + 1], [3] * len(sizes) + [1])
                     self.hint[axis] = 1
+        # Now and then every fresh value has one shape, the data's own, of no
+        # axis widened; first and mostly for the elementwise rules (those that
+        # ask shape(anchor) == shape(%x)), which fire only where nothing
+        # broadcasts, and whose reductions a data of 1s would hide.
+        self.same_shapes = c.flag(0.7 if self.elementwise else 0.3)
+        if self.same_shapes:
+            self.hint = [1] * self.rank
         self.data_dims = [1 if size != 1 and c.flag(0.75) else d for size, d in zip(self.hint, dims)]
         self.full = [size if dim == 1 else dim for size, dim in zip(self.hint, self.data_dims)]
         # What a tile by the hint makes of the data, where it is not the full size.
         self.tiled = [size * dim if isinstance(dim, int) else dim for size, dim in zip(self.hint, self.data_dims)]
-        # Now and then every fresh value has one shape: the elementwise rules
-        # (shape(%out) == shape(%x)) fire only where nothing broadcasts.
-        self.same_shapes = c.flag(0.3)
         # The pattern's variables: their structure (one branch of each
         # disjunction), the values built for them, the factors of those scaled.
         dropped: list = []

@@ -260,6 +260,22 @@ def shape_targets(rule: ast.Rule) -> tuple[list[int], dict[int, list[int]]]:
     return ranks, axes
 
 
+def keeps_its_shape(rule: ast.Rule) -> bool:
+    """Whether a condition asks that the anchor have another value's shape (`shape(%out) == shape(%x)`)."""
+    anchor = rule.anchor.var
+
+    def reads_anchor(expr) -> bool:
+        return (isinstance(expr, ast.Call) and expr.function == "shape" and len(expr.arguments) == 1
+                and isinstance(expr.arguments[0], ast.ValueRef) and expr.arguments[0].var == anchor)
+
+    def reads_shape(expr) -> bool:
+        return isinstance(expr, ast.Call) and expr.function == "shape"
+
+    return any(compare.operator == "==" and (reads_anchor(compare.left) and reads_shape(compare.right)
+                                             or reads_anchor(compare.right) and reads_shape(compare.left))
+               for condition in rule.conditions for compare in _compares(condition.expr))
+
+
 def _compares(expr) -> Iterator[ast.Compare]:
     if isinstance(expr, ast.Compare):
         yield expr

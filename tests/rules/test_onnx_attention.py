@@ -104,7 +104,7 @@ def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, reference: boo
     close(before, after, cases, reference)
 
 
-GRANTED = ("no_fully_masked_rows",)
+GRANTED = ("no_nans", "no_fully_masked_rows")
 
 
 def optimized(model: onnx.ModelProto, reference: bool = True, assume=GRANTED) -> tuple[onnx.ModelProto, dict]:
@@ -236,7 +236,7 @@ def test_attention_node_counts_before_and_after():
 
 
 @DYNAMO
-@pytest.mark.parametrize("kind, rule", [("float", "onnx_fuse_attention_additive_mask"),
+@pytest.mark.parametrize("kind, rule", [("none", "onnx_fuse_attention"), ("float", "onnx_fuse_attention_additive_mask"),
                                         ("bool", "onnx_fuse_attention_nan_guarded")])
 def test_without_a_grant_the_fusions_are_kept_and_counted(kind, rule, dynamo):
     model = at_23(sdpa_export(kind, dynamo))
