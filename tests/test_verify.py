@@ -344,3 +344,20 @@ def test_a_deleted_structural_clause_is_caught_without_examples():
     weaker = replace(rule, conditions=rule.conditions[:index] + rule.conditions[index + 1:])
     verdict = verify_rule(weaker, trials=100, seed=SEED, necessity=False, shaped_by=rule)
     assert verdict.status == "FAIL", format_verdict(verdict)
+
+
+def test_verify_in_parallel_prints_what_one_process_does(tmp_path, capsys):
+    from rewrite import cli
+
+    path = tmp_path / "two.rules"
+    path.write_text('dialect onnx\nrule relu_of_relu "Relu(Relu(x)) is Relu(x)."\n  match %o = Relu(X=%i)\n'
+                    '  match %i = Relu(X=_)\n  rewrite %o -> %i\n'
+                    'rule neg_of_neg "Neg(Neg(x)) is x."\n  match %o = Neg(X=%i)\n  match %i = Neg(X=%x)\n'
+                    '  rewrite %o -> %x\n')
+    outputs = []
+    for jobs in ("1", "2"):
+        code = cli.main(["verify", str(path), "--trials", "20", "--jobs", jobs])
+        outputs.append((code, capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and outputs[0][0] == 0
+    text = outputs[0][1]
+    assert text.index("PASS  relu_of_relu") < text.index("PASS  neg_of_neg")
