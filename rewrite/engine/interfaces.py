@@ -76,6 +76,10 @@ class ExampleFacts:
     # them: both sides of an instance are evaluated by the first that runs the
     # original, as two evaluators need not agree (on a zero's sign, say).
     engines: tuple = (None,)
+    # Attributes an op may carry whatever a rule says of them, with the values
+    # to try besides the default (ONNX's keepdims=0): a rule that proves them
+    # only indirectly (`rank(%mean) == rank(%x)`) is tried where they differ.
+    attribute_values: tuple = ()  # (attribute name, (value, ...)), ...
 
 
 class OperandRejected(Exception):

@@ -365,6 +365,9 @@ class Generator:
             if value is None:
                 return None
             operands[spec.name] = value
+        for attribute, values in self.facts.attribute_values:
+            if attribute in signature.attributes and attribute not in operands and c.flag(0.2):
+                operands[attribute] = c.choice(values)
         for (owner, attribute), wanted in self.attributes.items():
             if owner == var and attribute not in operands:
                 # The values the conditions compare the attribute against, then

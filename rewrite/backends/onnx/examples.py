@@ -24,6 +24,7 @@ EXAMPLE_FACTS = ExampleFacts(
     scalings=(Scaling("Mul", "A", "B"), Scaling("Mul", "B", "A"), Scaling("Div", "A", "B", divides=True)),
     old_broadcast_below=7,
     engines=("onnxruntime", "reference"),
+    attribute_values=(("keepdims", (0,)),),
 )
 
 _EXAMPLE_OPSET = 18
