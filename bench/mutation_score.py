@@ -370,12 +370,16 @@ def _cut(text: str, span: ast.Span) -> tuple[int, int]:
     return _offset(lines, span.line, span.column), _offset(lines, span.end_line, span.end_column)
 
 
-def mutants(folder: Path, only: set[str] | None = None):
+def _rules_and_texts(folder: Path, only: set[str] | None):
+    """(every file's text by name, the rule, its file's name) for each rule of `folder` (of `only`)."""
     sources = {path.name: path.read_text() for path in sorted(folder.glob("*.rules"))}
     for rule in rewrite.load_rules(folder).rules:
-        if only and rule.name not in only:
-            continue
-        name = Path(rule.span.file).name
+        if not only or rule.name in only:
+            yield sources, rule, Path(rule.span.file).name
+
+
+def mutants(folder: Path, only: set[str] | None = None):
+    for sources, rule, name in _rules_and_texts(folder, only):
         text = sources[name]
         for condition in rule.conditions:
             lines = text.splitlines(keepends=True)
@@ -427,11 +431,7 @@ def _changed(value) -> str:
 
 def constant_mutants(folder: Path, only: set[str] | None = None):
     """Each number of each rule's conditions and rewrite changed, one at a time."""
-    sources = {path.name: path.read_text() for path in sorted(folder.glob("*.rules"))}
-    for rule in rewrite.load_rules(folder).rules:
-        if only and rule.name not in only:
-            continue
-        name = Path(rule.span.file).name
+    for sources, rule, name in _rules_and_texts(folder, only):
         text = sources[name]
         seen = set()
         for literal in _literals((rule.conditions, rule.actions)):

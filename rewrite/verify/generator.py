@@ -144,7 +144,6 @@ class Generator:
         self.facts = backends.backend_module(rule.dialect).EXAMPLE_FACTS
         self.constants = constant_variables(rule)
         self.targets = targets(rule)
-        self.equations = scale_equations(rule)
         self.consumer_patterns = _consumer_patterns(rule)
         self.contracting = any(t in self.facts.contractions for p in self.consumer_patterns for t in p.types)
         self.sources = 1 + len(rule.examples)  # the first decision: generated, or which example
