@@ -130,9 +130,12 @@ def test_explain_says_what_is_assumed_and_how_to_grant_it(add_zero):
 
 def test_optimize_grants_what_it_is_given(add_zero):
     model = zero_bias_model()
+    before = onnx.ModelProto.FromString(model.SerializeToString())
     assert optimize(model, rules=add_zero, fold=False).statistics.rules["add_zero"].kept == 1
     result = optimize(model, rules=add_zero, fold=False, assume=["no-signed-zeros"])
     assert result.statistics.fires == 1 and [n.op_type for n in model.graph.node] == ["Div"]
+    x = np.array([[0.5, 1.0, 2.0, -3.0]], np.float32)  # no -0.0: what the grant gives away
+    np.testing.assert_array_equal(run(model, x), run(before, x))
 
 
 # ---------------------------------------------------------------- the CLI
@@ -152,7 +155,11 @@ def test_apply_notes_what_it_kept_and_grants_on_request(tmp_path, capsys, add_ze
                      "--assume", "no-signed-zeros"])
     out, err = capsys.readouterr()
     assert code == 0 and "add_zero  fired 1" in out and "kept" not in err
-    assert [n.op_type for n in onnx.load(str(tmp_path / "fired.onnx")).graph.node] == ["Div"]
+    fired = onnx.load(str(tmp_path / "fired.onnx"))
+    assert [n.op_type for n in fired.graph.node] == ["Div"]
+    x = np.array([[0.5, 1.0, 2.0, -3.0]], np.float32)
+    np.testing.assert_array_equal(run(fired, x), run(zero_bias_model(), x))
+    np.testing.assert_array_equal(run(onnx.load(str(tmp_path / "kept.onnx")), x), run(zero_bias_model(), x))
 
 
 def test_an_unknown_grant_is_a_usage_error(tmp_path, capsys):
